@@ -1,0 +1,78 @@
+"""End to end through main([...]) on the synthetic multirun; table values checked against hand-computed ones."""
+
+import csv
+import math
+
+import pytest
+
+from tokenpo.compare import main
+
+GRPO, DAPO = "algorithm=grpo", "algorithm=dapo"
+
+
+def read_summary(out_dir):
+    with (out_dir / "summary.csv").open() as handle:
+        return {row["group"]: row for row in csv.DictReader(handle)}
+
+
+def test_summary_csv_matches_hand_computed_values(compared):
+    root, _, code, _ = compared
+    assert code == 0
+    rows = read_summary(root / "compare")
+    assert list(rows) == [DAPO, GRPO]
+    grpo, dapo = rows[GRPO], rows[DAPO]
+    # grpo finals 0.5, 0.75, 0.25; bests 0.5, 1.0, 0.25 (mean 7/12, deviations -1/12, 5/12, -4/12)
+    assert int(grpo["n_runs"]) == 3
+    assert float(grpo["final_eval_mean"]) == 0.5 and float(grpo["final_eval_std"]) == 0.25
+    assert float(grpo["best_eval_mean"]) == pytest.approx(7 / 12, rel=1e-12)
+    assert float(grpo["best_eval_std"]) == pytest.approx(math.sqrt(42 / 144 / 2), rel=1e-12)
+    # grpo: seed 0 reaches 0.5 at step 4 (40 s), seed 1 at step 2 (20 s), seed 2 never
+    assert int(grpo["n_reached"]) == 2
+    assert float(grpo["steps_to_target_mean"]) == 3.0 and float(grpo["time_to_target_s_mean"]) == 30.0
+    assert float(grpo["steps_ratio_vs_baseline"]) == 1.0 and float(grpo["time_ratio_vs_baseline"]) == 1.0
+    # dapo finals = bests 0.75, 0.5, 0.75 (mean 2/3, deviations 1/12, -2/12, 1/12); reaches at steps 2, 2, 4 (10, 10, 20 s)
+    assert float(dapo["final_eval_mean"]) == pytest.approx(2 / 3, rel=1e-12)
+    assert float(dapo["final_eval_std"]) == pytest.approx(math.sqrt(6 / 144 / 2), rel=1e-12)
+    assert float(dapo["best_eval_mean"]) == float(dapo["final_eval_mean"])
+    assert int(dapo["n_reached"]) == 3
+    assert float(dapo["steps_to_target_mean"]) == pytest.approx(8 / 3, rel=1e-12)
+    assert float(dapo["time_to_target_s_mean"]) == pytest.approx(40 / 3, rel=1e-12)
+    assert float(dapo["steps_ratio_vs_baseline"]) == pytest.approx(8 / 9, rel=1e-12)
+    assert float(dapo["time_ratio_vs_baseline"]) == pytest.approx(4 / 9, rel=1e-12)
+
+
+def test_markdown_table_is_printed_and_written(compared):
+    root, stdout, _, _ = compared
+    report = (root / "compare" / "summary.md").read_text()
+    assert stdout.startswith(report)
+    assert "| algorithm=dapo | 3 | 0.667 ± 0.144 | 0.667 ± 0.144 | 3/3 | 2.7 | 13.3 | 0.89 | 0.44 |" in report
+
+
+def test_missing_and_skipped_data_is_reported_not_fatal(compared):
+    root, _, _, _ = compared
+    report = (root / "compare" / "summary.md").read_text()
+    assert f"- run {root / '6'}: no metrics.jsonl yet" in report
+    assert f"- run {root / '5'}: skipped 1 unreadable line(s)" in report
+    assert "- group algorithm=dapo: no kl/old values" in report
+
+
+def test_wandb_logs_figures_and_table_to_one_run(compared):
+    root, _, _, calls = compared
+    assert calls["init"]["project"] == "proj" and calls["init"]["group"] == "multirun"
+    assert calls["log"]["eval_accuracy_vs_time"] == ("image", str(root / "compare" / "eval_accuracy_vs_time.png"))
+    _, columns, data = calls["log"]["summary"]
+    assert columns[0] == "group" and [row[0] for row in data] == [DAPO, GRPO]
+    assert calls["finished"]
+
+
+def test_errors_are_one_line_and_non_zero(multirun, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "missing")]) == 1
+    assert main([str(tmp_path / "empty")]) == 1
+    assert main([str(multirun / "6")]) == 1
+    assert main([str(multirun), "--baseline", "algorithm=gtpo"]) == 1
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 4 and all(line.startswith("tokenpo-compare: ") for line in errors)
+    assert "no such directory" in errors[0] and "no run dirs" in errors[1]
+    assert "has metrics yet" in errors[2] and "matches 0 groups" in errors[3]
+    assert not (multirun / "compare").exists()

@@ -1,0 +1,85 @@
+import json
+
+import pytest
+
+from tokenpo.compare.runs import (
+    ALL_RUNS,
+    Run,
+    discover_run_dirs,
+    find_group,
+    group_runs,
+    load_run,
+    missing_metric_notes,
+    parse_overrides,
+)
+from tokenpo.errors import ConfigError
+
+
+def make_run(name, **overrides):
+    return Run(name, {key.replace("__", "."): str(value) for key, value in overrides.items()}, [{"step": 1.0}])
+
+
+def test_parse_overrides_drops_plus_prefixes_and_splits_on_first_equals():
+    parsed = parse_overrides(["algorithm=gtpo", "+trainer.x=1", "++seed=2", "data.filter=a=b"])
+    assert parsed == {"algorithm": "gtpo", "trainer.x": "1", "seed": "2", "data.filter": "a=b"}
+
+
+def test_discover_finds_run_dirs_recursively_once(multirun):
+    found = discover_run_dirs([multirun, multirun / "3"])
+    assert sorted(path.name for path in found) == ["0", "1", "2", "3", "4", "5", "6"]
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        discover_run_dirs([multirun / "nope"])
+
+
+def test_truncated_last_line_is_skipped_and_reported(multirun):
+    run = load_run(multirun / "5")
+    assert [record["step"] for record in run.records] == [1.0, 2.0, 3.0, 4.0]
+    assert run.overrides == {"algorithm": "dapo", "seed": "2", "trainer.max_steps": "4"}
+    assert any("skipped 1 unreadable line(s)" in problem for problem in run.problems)
+
+
+def test_run_without_metrics_is_reported(multirun):
+    run = load_run(multirun / "6")
+    assert run.records == [] and run.problems == [f"run {multirun / '6'}: no metrics.jsonl yet"]
+
+
+def test_repeated_step_keeps_last_line_and_non_finite_values_are_counted(tmp_path):
+    lines = [{"step": 1, "m": 1.0}, {"step": 2, "m": 2.0}, {"step": 2, "m": 5.0, "x": float("nan"), "s": "a"}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    run = load_run(tmp_path)
+    assert run.records == [{"step": 1.0, "m": 1.0}, {"step": 2.0, "m": 5.0}]
+    assert run.overrides == {}
+    assert run.problems == [f"run {tmp_path}: skipped 2 non-numeric or non-finite value(s)"]
+
+
+def test_grouping_averages_seeds_and_drops_constant_keys():
+    runs = [make_run(f"r{a}{s}", algorithm=a, seed=s, trainer__max_steps=20) for a in ("grpo", "dapo") for s in range(3)]
+    groups = group_runs(runs, ["seed"])
+    assert list(groups) == ["algorithm=dapo", "algorithm=grpo"]
+    assert [run.path for run in groups["algorithm=grpo"]] == ["rgrpo0", "rgrpo1", "rgrpo2"]
+
+
+def test_grouping_matches_nested_seed_and_keeps_group_by_keys():
+    runs = [make_run("a", algorithm="grpo", data__seed=1, lr=1), make_run("b", algorithm="grpo", data__seed=2, lr=2)]
+    assert list(group_runs(runs, ["seed"])) == ["lr=1", "lr=2"]
+    assert list(group_runs(runs, ["seed", "lr"])) == [ALL_RUNS]
+    assert list(group_runs(runs, ["seed"], ["algorithm"])) == ["algorithm=grpo"]
+    with pytest.raises(ConfigError, match="--group-by model"):
+        group_runs(runs, ["seed"], ["model"])
+
+
+def test_find_group_needs_exactly_one_match():
+    groups = group_runs([make_run("a", algorithm="grpo", lr=1), make_run("b", algorithm="dapo", lr=2)], ["seed"])
+    assert find_group(groups, "algorithm=dapo") == "algorithm=dapo lr=2"
+    with pytest.raises(ConfigError, match="matches 0 groups"):
+        find_group(groups, "algorithm=gtpo")
+
+
+def test_missing_metric_notes_name_the_group_or_metric():
+    with_kl = Run("a", {"algorithm": "grpo"}, [{"step": 1.0, "kl/ref": 0.1}])
+    without_kl = Run("b", {"algorithm": "dapo"}, [{"step": 1.0}])
+    groups = group_runs([with_kl, without_kl], ["seed"])
+    assert missing_metric_notes(groups, ["kl/ref", "kl/old"]) == [
+        "group algorithm=dapo: no kl/ref values",
+        "metric kl/old: logged by no run",
+    ]

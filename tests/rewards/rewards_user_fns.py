@@ -1,0 +1,28 @@
+"""User reward functions for the tests, imported by path ("rewards_user_fns:name") in the worker processes."""
+
+import sys
+
+NOT_A_FUNCTION = 3
+
+
+def exact_match(response, gold):
+    """Plain string equality; raises on "boom" and returns a float for "float" to exercise error handling."""
+    if response == "boom":
+        raise ZeroDivisionError("boom")
+    if response == "float":
+        return 0.5
+    if gold == "?":
+        return None
+    return response.strip() == gold
+
+
+def stuck_on_hang(response, gold):
+    """Never returns for the response "hang": a C-level loop that no signal can interrupt."""
+    if response == "hang":
+        sum(range(10**18))
+    return response == gold
+
+
+def main_module_reimported(response, gold):
+    """True in a worker that re-ran the parent's main script spawn_main_script.py (it defines the marker)."""
+    return hasattr(sys.modules["__main__"], "SPAWN_MAIN_SCRIPT_MARKER")

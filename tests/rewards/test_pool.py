@@ -1,0 +1,144 @@
+"""The scoring pool: real worker processes, real math-verify, hard time limits measured on the clock."""
+
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tokenpo.errors import ConfigError
+from tokenpo.rewards import (
+    CORRECT,
+    ERROR,
+    FORMAT_REJECTED,
+    GOLD_INVALID,
+    NO_ANSWER,
+    TIMEOUT,
+    WRONG,
+    RewardConfig,
+    RewardScorer,
+    count_verdicts,
+    judge,
+    resolve,
+)
+from tokenpo.rewards.pool import KILL_GRACE_S
+
+TIMEOUT_S = 1.0
+# slack for a loaded 2-core machine on top of the promised timeout_s + KILL_GRACE_S
+CLOCK_SLACK_S = 1.5
+# evaluating 9^(9^(9^9)) never ends; the deep nesting makes the LaTeX parser itself crawl
+NESTED_POWER = r"\boxed{9^{9^{9^{9}}}}"
+DEEP_PARENS = r"\boxed{" + "(" * 3000 + "1" + ")" * 3000 + "}"
+
+
+def _scorer(**fields) -> RewardScorer:
+    return RewardScorer(resolve(RewardConfig(**{"timeout_s": TIMEOUT_S, "num_workers": 2, **fields}), {}))
+
+
+def _warm(scorer: RewardScorer, gold: str = "1") -> None:
+    """Score twice so the workers have started before a timed call."""
+    assert scorer.result(scorer.submit([gold, gold], [gold, gold])) is not None
+
+
+@pytest.fixture(scope="module")
+def expression_scorer():
+    with _scorer(answer_format="expression", fallback="last_number") as scorer:
+        yield scorer
+
+
+def test_pool_verdicts_equal_in_process_judge(expression_scorer):
+    cases = [(r"\boxed{15+54}", "69"), ("so it is 69", "69"), ("", "69"), (r"\boxed{(1, 2]}", "(1,2]"),
+             (r"\boxed{[1, 2]}", "(1,2]"), (r"\boxed{3}", "\\frac{")]
+    responses, golds = zip(*cases)
+    verdicts = expression_scorer.result(expression_scorer.submit(responses, golds))
+    assert verdicts == [CORRECT, CORRECT, NO_ANSWER, CORRECT, WRONG, GOLD_INVALID]
+    assert verdicts == [judge(r, g, answer_format="expression", fallback="last_number") for r, g in cases]
+
+
+def test_pathological_expressions_time_out_within_the_limit(expression_scorer):
+    _warm(expression_scorer)
+    start = time.monotonic()
+    handle = expression_scorer.submit([NESTED_POWER, DEEP_PARENS, r"\boxed{69}"], ["69", "69", "69"])
+    assert time.monotonic() - start < 0.5  # submit does not wait for scoring
+    verdicts = expression_scorer.result(handle)
+    elapsed = time.monotonic() - start
+    assert verdicts == [TIMEOUT, TIMEOUT, CORRECT]
+    assert elapsed < TIMEOUT_S + KILL_GRACE_S + CLOCK_SLACK_S
+    assert count_verdicts(verdicts)["reward/timeout_frac"] == pytest.approx(2 / 3)
+
+
+def test_stuck_worker_is_killed_and_replaced():
+    # one worker, so the batch after the hang can only have been scored by its replacement
+    with _scorer(fn="rewards_user_fns:stuck_on_hang", num_workers=1) as scorer:
+        _warm(scorer)
+        start = time.monotonic()
+        verdicts = scorer.result(scorer.submit(["hang"], ["x"]))
+        assert time.monotonic() - start < TIMEOUT_S + KILL_GRACE_S + CLOCK_SLACK_S
+        assert verdicts == [TIMEOUT]
+        assert scorer.result(scorer.submit(["a", "b"], ["a", "c"])) == [CORRECT, WRONG]
+
+
+def test_user_fn_failures_are_counted_as_errors_and_logged(caplog):
+    with _scorer(fn="rewards_user_fns:exact_match") as scorer, caplog.at_level(logging.WARNING):
+        verdicts = scorer.result(scorer.submit(["a", "boom", "float", "b", "c"], ["a", "a", "a", "a", "?"]))
+    assert verdicts == [CORRECT, ERROR, ERROR, WRONG, GOLD_INVALID]
+    assert "2 of 5 responses scored 'error'; first: ZeroDivisionError: boom" in caplog.text
+
+
+def test_several_batches_in_flight_come_back_in_order(expression_scorer):
+    first = expression_scorer.submit([r"\boxed{1}", r"\boxed{2}"], ["1", "1"])
+    second = expression_scorer.submit([r"\boxed{3}"], ["3"])
+    empty = expression_scorer.submit([], [])
+    assert expression_scorer.result(second) == [CORRECT]
+    assert expression_scorer.result(first) == [CORRECT, WRONG]
+    assert expression_scorer.result(empty) == []
+    with pytest.raises(KeyError, match="already collected"):
+        expression_scorer.result(first)
+
+
+def test_scorer_refuses_unresolved_config_and_bad_user_fn():
+    with pytest.raises(ConfigError, match="reward.answer_format is null"):
+        RewardScorer(RewardConfig())
+    with pytest.raises(ConfigError, match="reward.fn"):
+        RewardScorer(resolve(RewardConfig(fn="rewards_user_fns:no_such_fn"), {}))
+
+
+def test_closed_scorer_refuses_work():
+    scorer = _scorer()
+    scorer.close()
+    scorer.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        scorer.submit([r"\boxed{1}"], ["1"])
+
+
+def test_mismatched_lengths_are_rejected(expression_scorer):
+    with pytest.raises(ValueError, match="2 responses but 1 gold"):
+        expression_scorer.submit(["a", "b"], ["a"])
+
+
+def test_workers_do_not_rerun_the_parents_main_script():
+    here = Path(__file__).resolve().parent
+    run = subprocess.run(
+        [sys.executable, str(here / "spawn_main_script.py")], capture_output=True, text=True, timeout=120, cwd=here
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == WRONG  # the worker's __main__ lacks the script's marker
+
+
+def test_count_verdicts_exact_values():
+    verdicts = [CORRECT, CORRECT, CORRECT, WRONG, NO_ANSWER, FORMAT_REJECTED, TIMEOUT, GOLD_INVALID]
+    assert count_verdicts(verdicts) == {
+        "reward/correct_frac": 3 / 8,
+        "reward/wrong_frac": 1 / 8,
+        "reward/no_answer_frac": 1 / 8,
+        "reward/format_rejected_frac": 1 / 8,
+        "reward/timeout_frac": 1 / 8,
+        "reward/error_frac": 0.0,
+        "reward/answer_extracted_frac": 4 / 8,
+        "reward/gold_invalid": 1,
+    }
+    assert count_verdicts([])["reward/correct_frac"] == 0.0
+    with pytest.raises(ValueError, match="unknown verdicts"):
+        count_verdicts(["right"])

@@ -1,0 +1,159 @@
+"""Golden cases for the answer check, run through the real math-verify (no mocks)."""
+
+import pytest
+
+from tokenpo.rewards import (
+    CORRECT,
+    FORMAT_REJECTED,
+    GOLD_INVALID,
+    NO_ANSWER,
+    WRONG,
+    format_reward,
+    judge,
+    resolve_answer_format,
+    verify,
+)
+
+NUMBER = {"answer_format": "number"}
+EXPRESSION = {"answer_format": "expression"}
+LAST_NUMBER = {"fallback": "last_number"}
+LAST_DOLLAR = {"fallback": "last_dollar"}
+ANSWER_LINE = {"answer_pattern": "answer_line"}
+
+# (response, gold, judge kwargs, expected verdict)
+GOLDEN = [
+    # fractions vs decimals, compared exactly
+    (r"\boxed{\frac{1}{2}}", "0.5", {}, CORRECT),
+    (r"\boxed{0.5}", r"\frac{1}{2}", {}, CORRECT),
+    (r"\boxed{\frac12}", "1/2", {}, CORRECT),
+    (r"\boxed{\dfrac{3}{4}}", "0.75", {}, CORRECT),
+    (r"\boxed{3/4}", "0.75", {}, CORRECT),
+    (r"\boxed{2.5}", "5/2", {}, CORRECT),
+    (r"\boxed{0.33}", "1/3", {}, WRONG),
+    # a fraction must be in lowest terms, or "What is 84 / 7?" could be answered by echoing it
+    (r"\boxed{\frac{2}{4}}", "0.5", {}, FORMAT_REJECTED),
+    (r"What is 84 / 7? \boxed{84/7}", "12", {}, FORMAT_REJECTED),
+    # LaTeX vs plain, through math-verify
+    (r"The answer is $\boxed{\frac{\pi}{2}}$", r"\frac{\pi}{2}", {}, CORRECT),
+    (r"\boxed{\pi/2}", r"\frac{\pi}{2}", {}, CORRECT),
+    (r"\boxed{\frac{\sqrt{2}}{2}}", r"\frac{1}{\sqrt{2}}", {}, CORRECT),
+    (r"\boxed{2x+1}", "1+2x", {}, CORRECT),
+    (r"\boxed{\frac{1}{\sqrt{4}}}", "1/2", EXPRESSION, CORRECT),
+    # units and text around the answer
+    (r"\boxed{5 apples}", "5", {}, CORRECT),
+    (r"\boxed{\$5}", "5", {}, CORRECT),
+    ("The rope is 5 cm long", "5", LAST_NUMBER, CORRECT),
+    (r"\boxed{5\text{ cm}^2}", "5", {}, CORRECT),
+    (r"\boxed{x = 5}", "5", {}, CORRECT),
+    (r"\boxed{6 apples}", "5", {}, WRONG),
+    # several boxes: the last one is the answer
+    (r"First \boxed{3}, no wait, \boxed{4}", "4", {}, CORRECT),
+    (r"First \boxed{3}, no wait, \boxed{4}", "3", {}, WRONG),
+    (r"\fbox{7}", "7", {}, CORRECT),
+    (r"\boxed{7", "7", {}, NO_ANSWER),
+    # no box: each fallback
+    ("so the result is 69.", "69", {}, NO_ANSWER),
+    ("so the result is 69.", "69", LAST_NUMBER, CORRECT),
+    ("so the result is $69$.", "69", LAST_DOLLAR, CORRECT),
+    ("no numbers here", "69", LAST_NUMBER, NO_ANSWER),
+    ("the sum is $15 + 54$", "69", LAST_DOLLAR, FORMAT_REJECTED),
+    # empty response; an answer that is only in the prompt is never seen
+    ("", "69", {}, NO_ANSWER),
+    ("", "69", LAST_NUMBER, NO_ANSWER),
+    ("Let me think step by step about the question.", "69", LAST_NUMBER, NO_ANSWER),
+    # the echoed question: wrong as a number, right as an expression
+    ("15 + 54", "69", {**NUMBER, **LAST_NUMBER}, WRONG),
+    (r"\boxed{15+54}", "69", NUMBER, FORMAT_REJECTED),
+    (r"\boxed{15+54}", "69", {}, FORMAT_REJECTED),
+    (r"\boxed{15+54}", "69", EXPRESSION, CORRECT),
+    ("$15 + 54$", "69", {**EXPRESSION, **LAST_DOLLAR}, CORRECT),
+    (r"\boxed{69 or 70}", "69", {}, FORMAT_REJECTED),
+    # numeric literal forms under number
+    ("69", "69", LAST_NUMBER, CORRECT),
+    (r"\boxed{69.0}", "69", NUMBER, CORRECT),
+    (r"\boxed{69}", "69", NUMBER, CORRECT),
+    ("$69$", "69", {**NUMBER, **LAST_DOLLAR}, CORRECT),
+    (r"\boxed{1,000}", "1000", {}, CORRECT),
+    ("The total is 1,000.", "1000", LAST_NUMBER, CORRECT),
+    (r"\boxed{1{,}000}", "1000", {}, CORRECT),
+    (r"\boxed{-3}", "-3", {}, CORRECT),
+    ("\\boxed{\u22123}", "-3", {}, CORRECT),
+    ("It drops to \u22123 degrees", "-3", LAST_NUMBER, CORRECT),
+    (r"\boxed{3}", "-3", {}, WRONG),
+    # percentages: the sign is dropped on both sides
+    (r"\boxed{50\%}", "50", {}, CORRECT),
+    ("about 25% of them", "25", LAST_NUMBER, CORRECT),
+    (r"\boxed{50\%}", r"50\%", {}, CORRECT),
+    (r"\boxed{0.5}", r"50\%", {}, WRONG),
+    # intervals, sets (expression)
+    (r"\boxed{(1, 2]}", "(1,2]", {}, CORRECT),
+    (r"\boxed{[1, 2]}", "(1,2]", {}, WRONG),
+    (r"\boxed{[0, \infty)}", r"[0,\infty)", {}, CORRECT),
+    (r"\boxed{(-\infty, 3) \cup (4, \infty)}", r"(-\infty,3)\cup(4,\infty)", {}, CORRECT),
+    (r"\boxed{\{3, 1, 2\}}", r"\{1,2,3\}", {}, CORRECT),
+    # gold written as a decimal, or stored as a float (amc23)
+    (r"\boxed{27}", "27.0", {}, CORRECT),
+    (r"\boxed{27}", 27.0, {}, CORRECT),
+    # gold that cannot be parsed
+    (r"\boxed{5}", "\\frac{", {}, GOLD_INVALID),
+    (r"\boxed{5}", "", {}, GOLD_INVALID),
+    (r"\boxed{5}", "12 apples", NUMBER, GOLD_INVALID),
+    # DAPO's "Answer:" line
+    ("Let me compute.\nAnswer: 42", "42", ANSWER_LINE, CORRECT),
+    ("Answer: 41\nActually no.\nAnswer: 42", "42", ANSWER_LINE, CORRECT),
+    ("**Answer:** $42$", "42", ANSWER_LINE, CORRECT),
+    (r"\boxed{42}", "42", ANSWER_LINE, NO_ANSWER),
+    ("Answer: 40 + 2", "42", ANSWER_LINE, FORMAT_REJECTED),
+]
+
+
+@pytest.mark.parametrize("response, gold, kwargs, expected", GOLDEN)
+def test_judge_golden(response, gold, kwargs, expected):
+    assert judge(response, gold, **kwargs) == expected
+
+
+def test_golden_table_is_large_enough():
+    assert len(GOLDEN) >= 40
+
+
+@pytest.mark.parametrize(
+    "response, gold, expected",
+    [(r"\boxed{69}", "69", True), (r"\boxed{68}", "69", False), ("", "69", False),
+     (r"\boxed{15+54}", "69", False), (r"\boxed{5}", "\\frac{", None)],
+)
+def test_verify_maps_verdicts_to_bool_or_none(response, gold, expected):
+    assert verify(response, gold) is expected
+
+
+@pytest.mark.parametrize(
+    "gold, expected",
+    [("69", "number"), ("-2.5", "number"), (r"\frac{3}{4}", "number"), (r"\frac{\pi}{2}", "expression"),
+     ("2x", "expression"), ("5 apples", "expression"), ("(1,2]", "expression")],
+)
+def test_auto_format_is_number_only_for_bare_literals(gold, expected):
+    assert resolve_answer_format("auto", gold) == expected
+
+
+def test_unknown_names_list_the_known_ones():
+    with pytest.raises(ValueError, match="answer_line"):
+        judge(r"\boxed{1}", "1", answer_pattern="xml")
+    with pytest.raises(ValueError, match="last_number"):
+        judge(r"\boxed{1}", "1", fallback="first_number")
+    with pytest.raises(ValueError, match="expression"):
+        judge(r"\boxed{1}", "1", answer_format="numeric")
+
+
+def test_response_must_be_text():
+    with pytest.raises(TypeError, match="response must be a str"):
+        judge(None, "1")
+
+
+@pytest.mark.parametrize(
+    "response, pattern, require_number, expected",
+    [(r"\boxed{69}", "boxed", False, 1.0), ("69", "boxed", False, 0.0), (r"\boxed{}", "boxed", False, 0.0),
+     (r"\boxed{15+54}", "boxed", False, 1.0), (r"\boxed{15+54}", "boxed", True, 0.0),
+     (r"\boxed{5 apples}", "boxed", True, 1.0), ("Answer: 42", "answer_line", True, 1.0),
+     (r"\boxed{42}", "answer_line", False, 0.0)],
+)
+def test_format_reward(response, pattern, require_number, expected):
+    assert format_reward(response, pattern, require_number=require_number) == expected

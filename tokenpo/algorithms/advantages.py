@@ -1,0 +1,195 @@
+"""Advantages per token [B, T]: GRPO group advantage, GTPO token entropy rewards, GRPO-S.
+
+`entropy` is the old policy's per-token entropy H_{i,t}; it only weights rewards, so it is
+always detached (the gradient flows through the ratio, never through an advantage).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from tokenpo.algorithms.masked import dense_group_index, group_reduce, sequence_mean
+from tokenpo.algorithms.registry import Registry
+
+if TYPE_CHECKING:
+    from tokenpo.algorithms.config import AdvantageConfig, AlgorithmConfig
+
+SCALES = ("std", "none")
+
+# estimator(cfg.advantage, rewards [B], correct [B] bool, dense group index [B], mask, entropy) -> [B, T]
+ADVANTAGES = Registry("advantage estimator")
+GTPO_NORMS = Registry("GTPO normalisation")
+NORM_SCOPES = Registry("normalisation scope")
+STATS_WEIGHTS = Registry("statistics weighting")
+
+# float sums of 1/|o_i| land a hair off the integer member count; a pool needs two members
+_SINGLE_MEMBER_SLACK = 1e-4
+
+
+def pooled_standardize(
+    values: Tensor,
+    weights: Tensor,
+    pools: Tensor,
+    *,
+    center: bool,
+    scale: bool,
+    eps: float,
+) -> Tensor:
+    """(x − mean_p) / (std_p + eps) within each pool p (all tensors of one shape).
+
+    Statistics are weighted by `weights` (0 leaves an entry out); std is unbiased,
+    sqrt(Σ w (x − μ)² / (Σ w − 1)). `center=False` keeps x (only divides), `scale=False` skips
+    the division. A pool whose weights sum to one member or less has no spread to measure and
+    yields 0 (a GRPO group of size 1 gets advantage 0).
+    """
+    x, w, p = values.reshape(-1), weights.reshape(-1), pools.reshape(-1)
+    total = group_reduce(w, p)
+    mean = group_reduce(w * x, p) / total.clamp_min(_SINGLE_MEMBER_SLACK)
+    deviation = x - mean
+    out = deviation if center else x
+    if scale:
+        variance = group_reduce(w * deviation**2, p) / (total - 1).clamp_min(_SINGLE_MEMBER_SLACK)
+        out = out / (variance.sqrt() + eps)
+    out = torch.where(total > 1 + _SINGLE_MEMBER_SLACK, out, torch.zeros_like(out))
+    return out.view_as(values)
+
+
+def group_advantages(rewards: Tensor, group_ids: Tensor, scale: str = "std", eps: float = 1e-6) -> Tensor:
+    """GRPO group advantage [B]: A_i = (R_i − mean_g R) / (std_g R + eps), unbiased std;
+    scale="none" drops the std (Dr. GRPO). A group of size 1 gets 0."""
+    if scale not in SCALES:
+        raise ValueError(f"unknown advantage scale {scale!r}; known: {', '.join(SCALES)}")
+    index = dense_group_index(group_ids)
+    return pooled_standardize(rewards, torch.ones_like(rewards), index, center=True, scale=scale == "std", eps=eps)
+
+
+def entropy_weighted_rewards(
+    rewards: Tensor,
+    correct: Tensor,
+    index: Tensor,
+    entropy: Tensor,
+    active: Tensor,
+    weight1: float,
+    weight2: float,
+    eps: float,
+) -> Tensor:
+    """Dynamic entropy weighting, shared by GTPO (per position t) and GRPO-S (per sequence).
+
+    `entropy` and `active` are [B, T] (GTPO: H_{i,t}, mask) or [B] (GRPO-S: Ĥ_i, non-empty);
+    `rewards` and `correct` are [B] or [B, 1] to broadcast against them. Within each group:
+      O+ : w1·R_i + w2 · H_i / Σ_{k∈O+ active} H_k · d       (GTPO Eq. 3; d = active O+ count)
+      O− : w1·R_j − w2 · (1/H_j) / Σ_{k∈O− active} (1/H_k) · h  (GTPO Eq. 5; h = active O− count)
+    With the paper's rewards R = ±1 the O− base term is −w1. Inactive entries are 0.
+    """
+    positive = correct * active
+    negative = ~correct * active
+    inverse = 1.0 / (entropy + eps)
+    bonus = weight2 * entropy / (group_reduce(positive * entropy, index) + eps) * group_reduce(positive, index)
+    penalty = weight2 * inverse / (group_reduce(negative * inverse, index) + eps) * group_reduce(negative, index)
+    return weight1 * rewards * active + positive * bonus - negative * penalty
+
+
+@ADVANTAGES.register("grpo")
+def grpo_advantages(
+    cfg: AdvantageConfig, rewards: Tensor, correct: Tensor, index: Tensor, mask: Tensor, entropy: Tensor | None
+) -> Tensor:
+    """GRPO: the group advantage on every token of the response."""
+    return group_advantages(rewards, index, cfg.scale, cfg.eps).unsqueeze(-1) * mask
+
+
+@ADVANTAGES.register("gtpo", needs_entropy=True)
+def gtpo_advantages(
+    cfg: AdvantageConfig, rewards: Tensor, correct: Tensor, index: Tensor, mask: Tensor, entropy: Tensor | None
+) -> Tensor:
+    """GTPO: entropy-weighted token rewards (Eq. 3, 5) standardised per `norm`/`scope` (Eq. 6)."""
+    token_rewards = entropy_weighted_rewards(
+        rewards.unsqueeze(-1), correct.unsqueeze(-1), index, entropy, mask, cfg.alpha1, cfg.alpha2, cfg.eps
+    )
+    pools, center = GTPO_NORMS.get(cfg.norm)(NORM_SCOPES.get(cfg.scope)(index), correct)
+    weights = STATS_WEIGHTS.get(cfg.stats_weight)(mask)
+    advantages = pooled_standardize(
+        token_rewards, weights, pools.unsqueeze(-1).expand_as(mask), center=center, scale=cfg.scale == "std", eps=cfg.eps
+    )
+    return advantages * mask
+
+
+@ADVANTAGES.register("grpo_s", needs_entropy=True)
+def grpo_s_advantages(
+    cfg: AdvantageConfig, rewards: Tensor, correct: Tensor, index: Tensor, mask: Tensor, entropy: Tensor | None
+) -> Tensor:
+    """GRPO-S: rewards from the sequence entropy Ĥ_i = mean_t H_{i,t}, standardised jointly
+    over the group's non-empty responses (sign kept), broadcast to tokens."""
+    non_empty = (mask.sum(-1) > 0).to(mask.dtype)
+    sequence_rewards = entropy_weighted_rewards(
+        rewards, correct, index, sequence_mean(entropy, mask), non_empty, cfg.beta1, cfg.beta2, cfg.eps
+    )
+    advantages = pooled_standardize(sequence_rewards, non_empty, index, center=True, scale=cfg.scale == "std", eps=cfg.eps)
+    return advantages.unsqueeze(-1) * mask
+
+
+@NORM_SCOPES.register("group")
+def group_scope(index: Tensor) -> Tensor:
+    """Eq. 6 statistics over one prompt's responses."""
+    return index
+
+
+@NORM_SCOPES.register("batch")
+def batch_scope(index: Tensor) -> Tensor:
+    """Eq. 6 statistics over the whole step batch."""
+    return torch.zeros_like(index)
+
+
+@GTPO_NORMS.register("joint")
+def joint_norm(scope: Tensor, correct: Tensor) -> tuple[Tensor, bool]:
+    """One mean/std over O+ ∪ O− tokens: keeps the ±α1 correctness sign."""
+    return scope, True
+
+
+@GTPO_NORMS.register("per_polarity")
+def per_polarity_norm(scope: Tensor, correct: Tensor) -> tuple[Tensor, bool]:
+    """Eq. 6 read literally: O+ and O− standardised separately (each becomes zero-mean)."""
+    return scope * 2 + correct.long(), True
+
+
+@GTPO_NORMS.register("scale_only")
+def scale_only_norm(scope: Tensor, correct: Tensor) -> tuple[Tensor, bool]:
+    """Divide by the joint std without subtracting the mean."""
+    return scope, False
+
+
+@STATS_WEIGHTS.register("sequence")
+def sequence_weights(mask: Tensor) -> Tensor:
+    """Each response counts once (its tokens weigh 1/|o_i|): with α2 = 0 GTPO equals DAPO."""
+    return mask / mask.sum(-1, keepdim=True).clamp_min(1.0)
+
+
+@STATS_WEIGHTS.register("token")
+def token_weights(mask: Tensor) -> Tensor:
+    """Each token counts once: long responses dominate the mean and std."""
+    return mask
+
+
+def token_advantages(
+    cfg: AlgorithmConfig,
+    rewards: Tensor,
+    correct: Tensor,
+    group_ids: Tensor,
+    mask: Tensor,
+    entropy: Tensor | None = None,
+) -> Tensor:
+    """[B, T] advantages from the estimator named by `cfg.advantage.estimator` (0 on padding)."""
+    name = cfg.advantage.estimator
+    estimator = ADVANTAGES.get(name)
+    if entropy is None and ADVANTAGES.trait(name, "needs_entropy"):
+        raise ValueError(f"advantage estimator {name!r} needs the old policy's per-token entropy; got entropy=None")
+    return estimator(
+        cfg.advantage,
+        rewards.detach().to(mask.dtype),
+        correct.bool(),
+        dense_group_index(group_ids),
+        mask,
+        None if entropy is None else entropy.detach().to(mask.dtype),
+    )

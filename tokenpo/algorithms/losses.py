@@ -1,0 +1,109 @@
+"""Policy loss: clipped surrogate on the configured ratio, optional KL and TEPO masked KL,
+aggregated by the configured mode."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from tokenpo.algorithms.aggregation import LossNorm, aggregate
+from tokenpo.algorithms.kl import KL_MASKS, kl_penalty
+from tokenpo.algorithms.masked import masked_mean
+from tokenpo.algorithms.ratios import importance_ratio
+
+if TYPE_CHECKING:
+    from tokenpo.algorithms.config import AlgorithmConfig
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None = None,
+) -> torch.Tensor:
+    """[B, T] L = max(−A·w, −A·clip(w, 1 − ε_low, 1 + ε_high)); with dual clip c and A < 0,
+    min(L, −A·c) bounds the loss of a negative token whose ratio exploded."""
+    loss = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - clip_low, 1 + clip_high))
+    if dual_clip is None:
+        return loss
+    return torch.where(advantages < 0, torch.minimum(loss, -advantages * dual_clip), loss)
+
+
+def clip_fractions(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+) -> dict[str, torch.Tensor]:
+    """Fractions of real tokens whose gradient a clip cuts: low (A < 0, w < 1 − ε_low),
+    high (A > 0, w > 1 + ε_high), dual (A < 0, w > c)."""
+    ratio = ratio.detach()
+    fractions = {
+        "clip/low_frac": masked_mean(((advantages < 0) & (ratio < 1 - clip_low)).to(mask.dtype), mask),
+        "clip/high_frac": masked_mean(((advantages > 0) & (ratio > 1 + clip_high)).to(mask.dtype), mask),
+    }
+    if dual_clip is not None:
+        fractions["clip/dual_frac"] = masked_mean(((advantages < 0) & (ratio > dual_clip)).to(mask.dtype), mask)
+    return fractions
+
+
+def _kl_anchor(target: str, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, key: str) -> torch.Tensor:
+    """The log-probs a KL term pulls towards; fails loudly when the reference was not computed."""
+    if target == "old":
+        return old_logp
+    if ref_logp is None:
+        raise ValueError(f"{key} is 'ref' but policy_loss got ref_logp=None")
+    return ref_logp
+
+
+def policy_loss(
+    cfg: AlgorithmConfig,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    norm: LossNorm,
+    *,
+    ref_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    old_entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Scalar loss of one micro-batch (its share of the step; sum over micro-batches) and metrics.
+
+    logp: [B, T] current log-probs of the sampled tokens (with grad); old_logp, ref_logp: [B, T]
+    of the rollout and reference policies; advantages: [B, T]; entropy: [B, T] current entropy
+    and old_entropy: [B, T] from `kl_mask_entropy_reference`, both needed only by a KL mask.
+    Metrics are this micro-batch's own means (average them over micro-batches).
+    """
+    loss_cfg = cfg.loss
+    old_logp, advantages = old_logp.detach(), advantages.detach()
+    ratio = importance_ratio(cfg.ratio.kind, logp, old_logp, mask)
+    pg_tok = clipped_surrogate(ratio, advantages, loss_cfg.clip_low, loss_cfg.clip_high, loss_cfg.dual_clip)
+    metrics = clip_fractions(ratio, advantages, mask, loss_cfg.clip_low, loss_cfg.clip_high, loss_cfg.dual_clip)
+    metrics["kl/old"] = masked_mean(kl_penalty(logp.detach(), old_logp, "k3"), mask)
+    if ref_logp is not None:
+        ref_logp = ref_logp.detach()
+        metrics["kl/ref"] = masked_mean(kl_penalty(logp.detach(), ref_logp, "k3"), mask)
+
+    kl_tok = torch.zeros_like(pg_tok)
+    if loss_cfg.kl_coef:
+        anchor = _kl_anchor(loss_cfg.kl_target, old_logp, ref_logp, "algorithm.loss.kl_target")
+        kl_tok = kl_tok + loss_cfg.kl_coef * kl_penalty(logp, anchor, loss_cfg.kl_estimator)
+    if loss_cfg.kl_mask_coef:
+        if KL_MASKS.trait(loss_cfg.kl_mask, "needs_entropy") and (entropy is None or old_entropy is None):
+            raise ValueError(f"KL mask {loss_cfg.kl_mask!r} needs entropy and old_entropy; got None")
+        kl_mask = KL_MASKS.get(loss_cfg.kl_mask)(advantages, entropy, old_entropy, mask)
+        anchor = _kl_anchor(loss_cfg.kl_mask_target, old_logp, ref_logp, "algorithm.loss.kl_mask_target")
+        kl_tok = kl_tok + loss_cfg.kl_mask_coef * kl_mask * kl_penalty(logp, anchor, loss_cfg.kl_estimator)
+        metrics["tepo/mask_frac"] = masked_mean(kl_mask, mask)
+
+    loss = aggregate(pg_tok + kl_tok, mask, cfg.aggregation, norm)
+    local_norm = LossNorm.from_mask(mask, norm.max_len)
+    metrics["loss/pg"] = aggregate(pg_tok.detach(), mask, cfg.aggregation, local_norm)
+    metrics["loss/kl"] = aggregate(kl_tok.detach(), mask, cfg.aggregation, local_norm)
+    values = torch.stack([value.detach().float() for value in metrics.values()]).tolist()  # one transfer
+    return loss, dict(zip(metrics, values))

@@ -1,0 +1,3 @@
+from tokenpo.compare.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""tokenpo-compare: figures and a summary table from a Hydra multirun (or run dirs) of tokenpo trainings."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tokenpo.compare.plots import EVAL_KEY, FIGURES, TIME_KEY, plot_all
+from tokenpo.compare.runs import discover_run_dirs, find_group, group_runs, load_run, missing_metric_notes
+from tokenpo.compare.stats import BANDS
+from tokenpo.compare.table import markdown_report, summarize_group, with_baseline_ratios, write_csv
+from tokenpo.compare.wandb_log import log_comparison
+from tokenpo.errors import ConfigError
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="tokenpo-compare",
+        description="Compare tokenpo training runs: one PNG per metric against step and wall-clock time, "
+        "and a summary table (summary.md, summary.csv). Runs are grouped by their Hydra overrides minus "
+        "the averaged-over keys; keys equal in every run are left out of group labels.",
+    )
+    parser.add_argument("inputs", nargs="+", type=Path, help="Hydra multirun dirs and/or run dirs (searched recursively)")
+    parser.add_argument("--out", type=Path, help="output dir (default: <first input>/compare)")
+    parser.add_argument(
+        "--average-over", action="append", metavar="KEY",
+        help="override key averaged over within a group, also matching nested '*.KEY'; repeatable (default: seed)",
+    )
+    parser.add_argument(
+        "--group-by", action="append", metavar="KEY",
+        help="group only by these override keys (kept in labels even when equal in every run); repeatable",
+    )
+    parser.add_argument(
+        "--band", choices=list(BANDS), default="std",
+        help="band around the mean: std = mean ± sample std (ddof=1; zero width for one run), "
+        "minmax = envelope of the runs, more honest with 2-3 seeds (default: std)",
+    )
+    parser.add_argument("--target-metric", default=EVAL_KEY, help=f"metric for steps/time-to-target (default: {EVAL_KEY})")
+    parser.add_argument("--target", type=float, default=0.5, help="a run reaches the target at its first step with metric >= this (default: 0.5)")
+    parser.add_argument("--baseline", metavar="OVERRIDES", help="group the ratios are taken against, e.g. 'algorithm=grpo'")
+    parser.add_argument("--wandb", action="store_true", help="also log figures and table to one W&B run (honours WANDB_MODE)")
+    parser.add_argument("--wandb-project", default="tokenpo", help="W&B project (default: tokenpo)")
+    return parser.parse_args(argv)
+
+
+def compare(args: argparse.Namespace) -> None:
+    run_dirs = discover_run_dirs(args.inputs)
+    if not run_dirs:
+        raise FileNotFoundError(
+            f"no run dirs (with metrics.jsonl or .hydra/overrides.yaml) under {' '.join(map(str, args.inputs))}"
+        )
+    runs = [load_run(run_dir) for run_dir in run_dirs]
+    notes = [problem for run in runs for problem in run.problems]
+    with_metrics = [run for run in runs if run.records]
+    if not with_metrics:
+        raise FileNotFoundError(f"none of the {len(runs)} run dirs has metrics yet")
+    groups = group_runs(with_metrics, args.average_over or ["seed"], args.group_by)
+    baseline = find_group(groups, args.baseline) if args.baseline else None
+
+    out_dir = args.out or args.inputs[0] / "compare"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures = plot_all(groups, args.band, out_dir)
+    summaries = [summarize_group(label, group, args.target_metric, args.target) for label, group in groups.items()]
+    if baseline:
+        summaries = with_baseline_ratios(summaries, baseline)
+    metric_keys = list(dict.fromkeys([*(key for spec in FIGURES for key in spec.panels), TIME_KEY, args.target_metric]))
+    notes += missing_metric_notes(groups, metric_keys)
+
+    write_csv(summaries, out_dir / "summary.csv")
+    report = markdown_report(summaries, notes, args.target_metric, args.target, baseline)
+    (out_dir / "summary.md").write_text(report)
+    print(report, end="")
+    print(f"wrote {len(figures)} figures, summary.md and summary.csv to {out_dir}")
+    if args.wandb:
+        log_comparison(figures, summaries, args.wandb_project, args.inputs[0].resolve().name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        compare(args)
+    except (ConfigError, FileNotFoundError) as err:
+        print(f"tokenpo-compare: {err}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,108 @@
+"""One PNG per metric and x axis (step, wall-clock time): a mean line per group with a band over its seeds."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+from matplotlib.figure import Figure  # a bare Figure renders PNGs with Agg, without pyplot's global state
+
+from tokenpo.compare.runs import Run
+from tokenpo.compare.stats import align_on_step, interpolate_on_grid, reduce_band, series
+
+STEP_KEY = "step"
+TIME_KEY = "time/elapsed_s"
+EVAL_KEY = "eval/accuracy"
+# x axis name (used in file names) -> (metric key, axis label, how a group's runs are put on one x grid)
+X_AXES = {
+    "step": (STEP_KEY, "step", align_on_step),
+    "time": (TIME_KEY, "wall-clock time (s)", interpolate_on_grid),
+}
+# units of the metrics that have one beyond a plain number
+UNITS = {"response_length/mean": "tokens"}
+# series with at most this many points (eval steps) get markers so single points stay visible
+MARKER_MAX_POINTS = 30
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    slug: str  # file name stem before '_vs_step' / '_vs_time'
+    title: str
+    panels: tuple[str, ...]  # metric keys, one subplot each
+
+
+FIGURES = (
+    FigureSpec("reward_mean", "Training reward", ("reward/mean",)),
+    FigureSpec("accuracy", "Training accuracy", ("accuracy",)),
+    FigureSpec("eval_accuracy", "Eval accuracy", (EVAL_KEY,)),
+    FigureSpec("entropy_mean", "Policy entropy", ("entropy/mean",)),
+    FigureSpec("response_length_mean", "Response length", ("response_length/mean",)),
+    FigureSpec("clip_frac", "Clipped-token fraction", ("clip/low_frac", "clip/high_frac")),
+    FigureSpec("kl", "KL divergence", ("kl/ref", "kl/old")),
+)
+
+
+def bench_figures(keys: set[str]) -> list[FigureSpec]:
+    """One figure per per-benchmark eval key 'eval/<bench>/<metric>'."""
+    return [
+        FigureSpec(re.sub(r"[^A-Za-z0-9]+", "_", key), key, (key,))
+        for key in sorted(keys) if key.startswith("eval/") and key.count("/") >= 2
+    ]
+
+
+def group_colours(labels) -> dict[str, str]:
+    """Colour per group label, assigned in sorted label order so it does not depend on input order."""
+    ordered = sorted(set(labels))
+    palette = matplotlib.colormaps["tab10" if len(ordered) <= 10 else "tab20"].colors
+    return {label: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, label in enumerate(ordered)}
+
+
+def axis_label(key: str) -> str:
+    return f"{key} ({UNITS[key]})" if key in UNITS else key
+
+
+def plot_figure(
+    spec: FigureSpec, groups: dict[str, list[Run]], colours: dict[str, str], x_axis: str, band: str, path: Path
+) -> bool:
+    """Write the figure to path; False (nothing written) when no group has any point to draw."""
+    x_key, x_label, align = X_AXES[x_axis]
+    figure = Figure(figsize=(5.5 * len(spec.panels) + 3, 4.2), layout="constrained")
+    legend: dict[str, object] = {}
+    for axes, key in zip(figure.subplots(1, len(spec.panels), squeeze=False)[0], spec.panels):
+        for label, runs in groups.items():
+            runs_series = [xy for xy in (series(run.records, key, x_key) for run in runs) if xy[0].size]
+            if not runs_series:
+                continue
+            xs, matrix = align(runs_series)
+            mean, low, high = reduce_band(matrix, band)
+            (line,) = axes.plot(
+                xs, mean, color=colours[label], linewidth=1.6,
+                marker="o" if xs.size <= MARKER_MAX_POINTS else None, markersize=3,
+            )
+            axes.fill_between(xs, low, high, color=colours[label], alpha=0.2, linewidth=0)
+            legend.setdefault(f"{label} (n={len(runs_series)})", line)
+        axes.set(xlabel=x_label, ylabel=axis_label(key))
+        if len(spec.panels) > 1:
+            axes.set_title(key)
+        axes.grid(True, alpha=0.3)
+    if not legend:
+        return False
+    figure.suptitle(f"{spec.title} vs {x_label}")
+    figure.legend(list(legend.values()), list(legend), loc="outside right upper", title=f"group (band: {band})")
+    figure.savefig(path, dpi=110)
+    return True
+
+
+def plot_all(groups: dict[str, list[Run]], band: str, out_dir: Path) -> list[Path]:
+    """Every standard and per-benchmark figure against step and time; returns the PNGs written."""
+    colours = group_colours(groups)
+    keys = {key for runs in groups.values() for run in runs for record in run.records for key in record}
+    written = []
+    for spec in (*FIGURES, *bench_figures(keys)):
+        for x_axis in X_AXES:
+            path = out_dir / f"{spec.slug}_vs_{x_axis}.png"
+            if plot_figure(spec, groups, colours, x_axis, band, path):
+                written.append(path)
+    return written

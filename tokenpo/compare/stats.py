@@ -1,0 +1,92 @@
+"""Pure functions over metric series: aligning runs, mean and band, the first point reaching a target."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+# points of the common wall-clock grid a group's runs are interpolated onto
+TIME_GRID_POINTS = 200
+
+
+def sample_std(values) -> float:
+    """Sample standard deviation (ddof=1); 0 for a single value, where it is undefined."""
+    values = np.asarray(values, dtype=float)
+    return float(values.std(ddof=1)) if values.size >= 2 else 0.0
+
+
+def mean_and_std(values) -> tuple[float | None, float | None]:
+    """(mean, sample std) of the values, (None, None) when there are none."""
+    if len(values) == 0:
+        return None, None
+    return float(np.mean(values)), sample_std(values)
+
+
+def series(records: list[dict[str, float]], y_key: str, x_key: str = "step") -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) over the records that hold both keys, sorted by x."""
+    pairs = sorted((record[x_key], record[y_key]) for record in records if x_key in record and y_key in record)
+    xs = np.array([x for x, _ in pairs], dtype=float)
+    ys = np.array([y for _, y in pairs], dtype=float)
+    return xs, ys
+
+
+def align_on_step(runs_series: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """(union of the runs' steps, runs x steps matrix) with NaN where a run did not log that step."""
+    steps = np.unique(np.concatenate([xs for xs, _ in runs_series]))
+    matrix = np.full((len(runs_series), steps.size), np.nan)
+    for row, (xs, ys) in enumerate(runs_series):
+        matrix[row, np.searchsorted(steps, xs)] = ys
+    return steps, matrix
+
+
+def interpolate_on_grid(
+    runs_series: list[tuple[np.ndarray, np.ndarray]], n_points: int = TIME_GRID_POINTS
+) -> tuple[np.ndarray, np.ndarray]:
+    """(common grid over all runs' x range, runs x grid matrix): each run is linearly interpolated
+    only within its own x range and NaN outside it, so a run never stands in for times it did not reach."""
+    start = min(xs[0] for xs, _ in runs_series)
+    end = max(xs[-1] for xs, _ in runs_series)
+    grid = np.linspace(start, end, n_points) if end > start else np.array([start])
+    matrix = np.full((len(runs_series), grid.size), np.nan)
+    for row, (xs, ys) in enumerate(runs_series):
+        inside = (grid >= xs[0]) & (grid <= xs[-1])
+        matrix[row, inside] = np.interp(grid[inside], xs, ys)
+    return grid, matrix
+
+
+def std_band(values: np.ndarray) -> tuple[float, float]:
+    centre, spread = float(values.mean()), sample_std(values)
+    return centre - spread, centre + spread
+
+
+def minmax_band(values: np.ndarray) -> tuple[float, float]:
+    return float(values.min()), float(values.max())
+
+
+# band drawn around the mean line: mean ± sample std, or the min-max envelope of the runs
+BANDS: dict[str, Callable[[np.ndarray], tuple[float, float]]] = {"std": std_band, "minmax": minmax_band}
+
+
+def reduce_band(matrix: np.ndarray, band: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per column: (mean, band low, band high) over the runs present there; NaN where none is."""
+    if band not in BANDS:
+        raise ValueError(f"unknown band {band!r}; known: {', '.join(BANDS)}")
+    mean, low, high = (np.full(matrix.shape[1], np.nan) for _ in range(3))
+    for column in range(matrix.shape[1]):
+        values = matrix[:, column][~np.isnan(matrix[:, column])]
+        if values.size:
+            mean[column] = values.mean()
+            low[column], high[column] = BANDS[band](values)
+    return mean, low, high
+
+
+def first_reaching(records: list[dict[str, float]], metric: str, target: float) -> dict[str, float] | None:
+    """The first record (by step) whose metric is >= target, None if no record reaches it."""
+    return next((record for record in records if record.get(metric, -np.inf) >= target), None)
+
+
+def ratio(value: float | None, baseline: float | None) -> float | None:
+    if value is None or not baseline:
+        return None
+    return value / baseline

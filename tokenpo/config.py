@@ -1,0 +1,81 @@
+"""The whole run's typed config, built from Hydra's composed tree and validated at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+from tokenpo.algorithms.config import AlgorithmConfig, algorithm_config_from_dict
+from tokenpo.data.config import DataConfig, data_config_from_dict
+from tokenpo.deepspeed.config import DeepSpeedConfig
+from tokenpo.errors import ConfigError
+from tokenpo.evaluation.config import EvalConfig
+from tokenpo.logger.config import LoggerConfig
+from tokenpo.models.config import ModelConfig, model_config_from_dict
+from tokenpo.rewards.config import RewardConfig, resolve, reward_config_from_dict
+from tokenpo.rollout.config import RolloutConfig, rollout_config_from_dict
+from tokenpo.schema import from_dict
+from tokenpo.trainer.config import TrainerConfig
+
+GROUPS = ("algorithm", "model", "data", "reward", "rollout", "deepspeed", "logger", "eval", "trainer")
+
+
+@dataclass
+class TrainConfig:
+    seed: int
+    algorithm: AlgorithmConfig
+    model: ModelConfig
+    data: DataConfig
+    reward: RewardConfig
+    rollout: RolloutConfig
+    deepspeed: DeepSpeedConfig
+    logger: LoggerConfig
+    eval: EvalConfig
+    trainer: TrainerConfig
+
+    def reward_for(self, data: DataConfig) -> RewardConfig:
+        """The reward settings for a dataset: explicit reward.* values win, nulls take the dataset's."""
+        return resolve(self.reward, data_reward_defaults(data))
+
+    def validate_batch(self, world_size: int) -> None:
+        """The step's groups must split evenly over ranks and mini-batches (one-line error naming the numbers)."""
+        groups = self.data.prompts_per_step
+        parts = world_size * self.trainer.mini_batches
+        if groups % parts:
+            raise ConfigError(
+                f"data.prompts_per_step={groups} does not divide across {world_size} process(es) x "
+                f"trainer.mini_batches={self.trainer.mini_batches}; use a multiple of {parts}"
+            )
+
+
+def build_config(tree: DictConfig | dict) -> TrainConfig:
+    """Validate every group; the first bad value raises ConfigError with a one-line message naming its key."""
+    plain = OmegaConf.to_container(tree, resolve=True) if isinstance(tree, DictConfig) else dict(tree)
+    missing = [g for g in GROUPS if g not in plain]
+    if missing:
+        raise ConfigError(f"config lacks the group(s): {', '.join(missing)}")
+    unknown = sorted(set(plain) - set(GROUPS) - {"seed", "hydra"})
+    if unknown:
+        raise ConfigError(f"unknown top-level config keys: {', '.join(unknown)}")
+    seed = plain.get("seed", 0)
+    if not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+    data = data_config_from_dict(plain["data"])
+    return TrainConfig(
+        seed=seed,
+        algorithm=algorithm_config_from_dict(plain["algorithm"]),
+        model=model_config_from_dict(plain["model"]),
+        data=data,
+        reward=reward_config_from_dict(plain["reward"]),
+        rollout=rollout_config_from_dict(plain["rollout"]),
+        deepspeed=from_dict(DeepSpeedConfig, plain["deepspeed"], "deepspeed"),
+        logger=from_dict(LoggerConfig, plain["logger"], "logger"),
+        eval=from_dict(EvalConfig, plain["eval"], "eval"),
+        trainer=from_dict(TrainerConfig, plain["trainer"], "trainer"),
+    )
+
+
+def data_reward_defaults(data: DataConfig) -> dict:
+    """How the dataset asks for its answer; the reward config's nulls take these values."""
+    return {"answer_format": data.answer_format, "answer_pattern": data.answer_pattern, "fallback": data.fallback}

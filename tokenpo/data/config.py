@@ -1,0 +1,115 @@
+"""`data` config schema: which dataset, how prompts are built, and the dataset's reward defaults."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import get_type_hints
+
+from omegaconf import DictConfig, OmegaConf
+
+from tokenpo.data.arith import ArithConfig
+from tokenpo.data.loaders import SPLIT_SLOT, TABLE_SPECS, get_loader
+from tokenpo.data.prompts import PromptTemplate
+from tokenpo.errors import ConfigError
+
+# Reward defaults carried by the dataset (the reward config fills its nulls from these).
+ANSWER_FORMATS = ("number", "expression")
+ANSWER_PATTERNS = ("boxed", "answer_line")
+FALLBACKS = ("none", "last_number", "last_dollar")
+
+
+@dataclass
+class DataConfig:
+    """The `data` config group; every field is documented in conf/data/*.yaml.
+
+    `path` (a local file, `{split}` replaced by the split name) takes precedence over the hub; a null
+    `hub_id`/`prompt_key`/`answer_key` means the named loader's default. `answer_format`, `answer_pattern` and
+    `fallback` are the dataset's reward defaults.
+    """
+
+    name: str = "arith"
+    loader: str = "arith"
+    path: str | None = None
+    hub_id: str | None = None
+    hub_config: str | None = None
+    train_split: str | None = "train"
+    eval_split: str | None = "test"
+    prompt_key: str | None = None
+    answer_key: str | None = None
+    max_train_examples: int | None = None
+    max_eval_examples: int | None = None
+    prompts_per_step: int = 8
+    template: PromptTemplate = field(default_factory=PromptTemplate)
+    arith: ArithConfig = field(default_factory=ArithConfig)
+    answer_format: str = "number"
+    answer_pattern: str = "boxed"
+    fallback: str = "last_number"
+
+    def validate(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"data.name must be a non-empty string, got {self.name!r}")
+        get_loader(self.loader)
+        for key in ("path", "hub_id", "hub_config", "train_split", "eval_split", "prompt_key", "answer_key"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"data.{key} must be a non-empty string or null, got {value!r}")
+        for key in ("max_train_examples", "max_eval_examples", "prompts_per_step"):
+            value = getattr(self, key)
+            if value is None and key != "prompts_per_step":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"data.{key} must be an integer >= 1, got {value!r}")
+        for key, choices in (("answer_format", ANSWER_FORMATS), ("answer_pattern", ANSWER_PATTERNS),
+                             ("fallback", FALLBACKS)):
+            if getattr(self, key) not in choices:
+                raise ConfigError(f"data.{key} must be one of {', '.join(choices)}, got {getattr(self, key)!r}")
+        if self.train_split is None and self.eval_split is None:
+            raise ConfigError("data.train_split and data.eval_split are both null; set at least one")
+        if self.train_split is not None and self.train_split == self.eval_split:
+            raise ConfigError(f"data.eval_split must differ from data.train_split, both are {self.train_split!r}")
+        self.template.validate()
+        self._validate_source()
+
+    def _validate_source(self) -> None:
+        if self.loader == "arith":
+            for key in ("path", "hub_id", "hub_config", "prompt_key", "answer_key"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(f"data.{key} is not used by loader 'arith'; set it to null")
+            self.arith.validate()
+            return
+        spec = TABLE_SPECS[self.loader]
+        if spec.needs_path and self.path is None:
+            raise ConfigError("data.path must be set for loader 'file' (a .jsonl, .json, .parquet or .csv file)")
+        if spec.needs_hub and self.hub_id is None:
+            raise ConfigError("data.hub_id must be set for loader 'hub'")
+        both_splits = self.train_split is not None and self.eval_split is not None
+        if self.path is not None and both_splits and SPLIT_SLOT not in self.path:
+            raise ConfigError(
+                f"data.path {self.path!r} would serve both train and eval splits; put {SPLIT_SLOT} in it "
+                "(e.g. gsm8k_{split}.jsonl) or set one of data.train_split/data.eval_split to null"
+            )
+
+
+def _from_mapping(cls, values, prefix: str):
+    """cls(**values) for a dataclass, recursing into dataclass-typed fields; unknown keys raise ConfigError."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{prefix} must be a mapping, got {values!r}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown key {prefix}.{unknown[0]} (known: {', '.join(sorted(known))})")
+    hints = get_type_hints(cls)
+    return cls(**{
+        key: _from_mapping(hints[key], value, f"{prefix}.{key}") if is_dataclass(hints[key]) else value
+        for key, value in values.items()
+    })
+
+
+def data_config_from_dict(values) -> DataConfig:
+    """A validated DataConfig from a plain dict or the Hydra `data` node."""
+    if isinstance(values, DictConfig):
+        values = OmegaConf.to_container(values, resolve=True)
+    cfg = _from_mapping(DataConfig, values, "data")
+    cfg.validate()
+    return cfg

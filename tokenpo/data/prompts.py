@@ -1,0 +1,63 @@
+"""Prompt templates: how a bare problem becomes the text the policy sees (chat template or plain text)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenpo.errors import ConfigError
+
+MODES = ("chat", "raw")
+PROBLEM_SLOT = "{problem}"
+
+
+@dataclass
+class PromptTemplate:
+    """`chat`: the tokenizer's chat template (generation prompt added); `raw`: plain text for base models.
+
+    The user text is `problem + instruction` in both modes; raw mode puts it into `raw_format` at `{problem}`
+    (plain substitution, so LaTeX braces in problems and formats need no escaping).
+    """
+
+    mode: str = "chat"
+    system_prompt: str | None = None
+    instruction: str = ""
+    raw_format: str = "Question: {problem}\nAnswer:"
+
+    def validate(self, prefix: str = "data.template") -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"{prefix}.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise ConfigError(f"{prefix}.system_prompt must be a string or null, got {self.system_prompt!r}")
+        if not isinstance(self.instruction, str):
+            raise ConfigError(f"{prefix}.instruction must be a string, got {self.instruction!r}")
+        if not isinstance(self.raw_format, str) or PROBLEM_SLOT not in self.raw_format:
+            raise ConfigError(f"{prefix}.raw_format must contain {PROBLEM_SLOT}, got {self.raw_format!r}")
+
+
+def build_prompt(problem: str, tokenizer, template: PromptTemplate) -> str:
+    """The full prompt text for one problem; `tokenizer` is only used in chat mode."""
+    user_text = problem + template.instruction
+    if template.mode == "raw":
+        text = template.raw_format.replace(PROBLEM_SLOT, user_text)
+        # Base models have no system role: the system prompt, if any, leads the text.
+        return text if template.system_prompt is None else f"{template.system_prompt}\n\n{text}"
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ConfigError(
+            f"data.template.mode is 'chat' but tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat "
+            "template; use data.template.mode: raw with a raw_format"
+        )
+    messages = [{"role": "user", "content": user_text}]
+    if template.system_prompt is not None:
+        messages.insert(0, {"role": "system", "content": template.system_prompt})
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def describe_template(template: PromptTemplate, tokenizer=None) -> str:
+    """A loggable account of the template; with a tokenizer, the exact rendering with `{problem}` as placeholder."""
+    text = (
+        f"mode={template.mode} system_prompt={template.system_prompt!r} instruction={template.instruction!r}"
+        + (f" raw_format={template.raw_format!r}" if template.mode == "raw" else "")
+    )
+    if tokenizer is None and template.mode == "chat":
+        return text
+    return f"{text}\nrendered:\n{build_prompt(PROBLEM_SLOT, tokenizer, template)}"

@@ -1,0 +1,1 @@
+"""DeepSpeed ZeRO engines and the process group (config group `deepspeed`)."""

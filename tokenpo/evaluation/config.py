@@ -1,0 +1,41 @@
+"""Typed schema of the `eval` config group: which benchmark, which protocol, how often during training."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenpo.errors import ConfigError
+
+
+@dataclass
+class EvalConfig:
+    name: str = "arith"
+    every_steps: int = 10
+    data: dict | None = None
+    max_problems: int | None = 64
+    greedy: bool = True
+    n: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int | None = None
+    pass_k: tuple = (1,)
+    batch_size: int = 64
+
+    def validate(self) -> None:
+        if self.every_steps < 0:
+            raise ConfigError(f"eval.every_steps must be >= 0, got {self.every_steps}")
+        if self.n < 0:
+            raise ConfigError(f"eval.n must be >= 0, got {self.n}")
+        if not self.greedy and self.n == 0:
+            raise ConfigError("eval.greedy is false and eval.n is 0: nothing would be evaluated")
+        if self.max_problems is not None and self.max_problems < 1:
+            raise ConfigError(f"eval.max_problems must be >= 1 or null, got {self.max_problems}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ConfigError(f"eval.max_new_tokens must be >= 1 or null, got {self.max_new_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ConfigError(f"eval.temperature must be >= 0 and eval.top_p in (0, 1], got {self.temperature}, {self.top_p}")
+        bad = [k for k in self.pass_k if k < 1 or (self.n and k > self.n)]
+        if bad:
+            raise ConfigError(f"eval.pass_k values must be in [1, eval.n={self.n}], got {list(self.pass_k)}")
+        if self.batch_size < 1:
+            raise ConfigError(f"eval.batch_size must be >= 1, got {self.batch_size}")

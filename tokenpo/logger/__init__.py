@@ -1,0 +1,1 @@
+"""Run logging: metrics.jsonl, W&B and the console (config group `logger`)."""

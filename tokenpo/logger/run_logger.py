@@ -1,0 +1,71 @@
+"""Per-step metrics to `<run_dir>/metrics.jsonl`, W&B and a one-line console summary (rank 0 only)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+
+from tokenpo.logger.config import LoggerConfig
+
+log = logging.getLogger("tokenpo")
+
+CONSOLE_KEYS = (("reward/mean", "reward"), ("accuracy", "acc"), ("entropy/mean", "entropy"),
+                ("response_length/mean", "len"), ("loss", "loss"), ("kl/ref", "kl_ref"),
+                ("timing/step_s", "s/step"), ("eval/accuracy", "eval_acc"))
+
+
+def wandb_mode(cfg: LoggerConfig) -> str:
+    """`auto` is online only where an API key is configured, so fresh machines never hang on a login."""
+    if cfg.mode != "auto":
+        return cfg.mode
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    has_key = bool(os.environ.get("WANDB_API_KEY")) or (Path.home() / ".netrc").is_file()
+    return "online" if has_key else "offline"
+
+
+def _finite(value):
+    return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
+class RunLogger:
+    def __init__(self, cfg: LoggerConfig, run_dir: Path, *, enabled: bool, run_name: str, group: str,
+                 config: dict, resume_id: str | None = None):
+        self.cfg = cfg
+        self.enabled = enabled
+        self.path = run_dir / "metrics.jsonl"
+        self.wandb_run = None
+        if not enabled:
+            return
+        mode = wandb_mode(cfg)
+        if mode != "disabled":
+            import wandb
+
+            self.wandb_run = wandb.init(
+                project=cfg.project, entity=cfg.entity, group=cfg.group or group, name=cfg.name or run_name,
+                tags=list(cfg.tags), config=config, dir=str(run_dir), mode=mode,
+                id=resume_id, resume="allow" if resume_id else None,
+            )
+
+    @property
+    def wandb_id(self) -> str | None:
+        return self.wandb_run.id if self.wandb_run is not None else None
+
+    def log(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, **{k: _finite(v) for k, v in sorted(metrics.items())}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb_run is not None:
+            self.wandb_run.log(metrics, step=step)
+        if step % self.cfg.console_every == 0 or "eval/accuracy" in metrics:
+            parts = [f"{label} {metrics[key]:.3g}" for key, label in CONSOLE_KEYS if key in metrics]
+            log.info("step %d | %s", step, " | ".join(parts))
+
+    def finish(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish()

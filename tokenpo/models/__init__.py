@@ -1,0 +1,1 @@
+"""Policy loading (config group `model`) and the chunked log-prob/entropy pass."""

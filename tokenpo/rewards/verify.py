@@ -1,0 +1,156 @@
+"""Judge one response against its gold answer: exact numeric literals, or math-verify equivalence."""
+
+import math
+import re
+import threading
+import time
+
+from math_verify import parse as math_verify_parse
+from math_verify import verify as math_verify_equal
+from math_verify.errors import TimeoutException
+
+from tokenpo.rewards.extract import extract_answer
+from tokenpo.rewards.numbers import parse_answer_number, parse_gold_number
+from tokenpo.rewards.verdicts import (
+    CORRECT,
+    FORMAT_REJECTED,
+    GOLD_INVALID,
+    NO_ANSWER,
+    TIMEOUT,
+    WRONG,
+)
+
+ANSWER_FORMATS = ("auto", "number", "expression")
+_UNESCAPED_DOLLAR_RE = re.compile(r"(?<!\\)\$")
+
+
+def resolve_answer_format(answer_format: str, gold: str) -> str:
+    """`number` or `expression`; `auto` means `number` when the gold is a bare numeric literal."""
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"unknown answer_format {answer_format!r}; known: {', '.join(ANSWER_FORMATS)}")
+    if answer_format != "auto":
+        return answer_format
+    return "number" if parse_gold_number(gold) is not None else "expression"
+
+
+def _alarm_seconds(deadline: float) -> int | None:
+    """Whole seconds left for math-verify's own timeouts.
+
+    Those use signal.alarm, which works only in a process's main thread; elsewhere they are switched off
+    (None) and only the worker pool's wall-clock limit protects the caller. Rounding up lets a call
+    overrun the deadline by under a second, which the pool's kill grace allows for.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    seconds_left = deadline - time.monotonic()
+    if seconds_left <= 0:
+        raise TimeoutException("reward time budget spent")
+    return math.ceil(seconds_left)
+
+
+def _math_verify_parse(text: str, deadline: float) -> list:
+    """Sympy readings of `text`; math-verify's raw-string fallback is off, so an unreadable gold is invalid."""
+    # math-verify finds LaTeX only between delimiters, so a plain gold such as \frac{\pi}{2} gets `$...$`
+    latex = text if _UNESCAPED_DOLLAR_RE.search(text) or "\\boxed" in text else f"${text}$"
+    try:
+        return math_verify_parse(
+            latex, fallback_mode="no_fallback", parsing_timeout=_alarm_seconds(deadline), raise_on_error=True
+        )
+    except Exception:  # input math-verify cannot read is "nothing parsed"; its TimeoutException passes through
+        return []
+
+
+def _number_verdict(answer: str | None, gold: str) -> str:
+    gold_value = parse_gold_number(gold)
+    if gold_value is None:
+        return GOLD_INVALID
+    if answer is None:
+        return NO_ANSWER
+    value = parse_answer_number(answer)
+    if value is None:
+        return FORMAT_REJECTED
+    return CORRECT if value == gold_value else WRONG
+
+
+def _expression_verdict(answer: str | None, gold: str, deadline: float) -> str:
+    gold_parsed = _math_verify_parse(gold, deadline)
+    if not gold_parsed:
+        return GOLD_INVALID
+    if answer is None:
+        return NO_ANSWER
+    answer_parsed = _math_verify_parse(answer, deadline)
+    for gold_item in gold_parsed:
+        for answer_item in answer_parsed:
+            # one pair at a time, so a pair that errors does not hide a later pair that matches
+            try:
+                if math_verify_equal(
+                    gold_item, answer_item, timeout_seconds=_alarm_seconds(deadline), raise_on_error=True
+                ):
+                    return CORRECT
+            except Exception:
+                continue
+    return WRONG
+
+
+def judge(
+    response: str,
+    gold: str,
+    *,
+    answer_format: str = "auto",
+    fallback: str = "none",
+    answer_pattern: str = "boxed",
+    timeout_s: float = 5.0,
+) -> str:
+    """Verdict (see tokenpo.rewards.verdicts) on `response`'s final answer against `gold`.
+
+    Only `response` is read, and only at `answer_pattern` (else `fallback`). `timeout_s` bounds
+    math-verify's work in the main thread; in other threads use RewardScorer for a hard limit.
+    """
+    if not isinstance(response, str):
+        raise TypeError(f"response must be a str, got {type(response).__name__}")
+    if isinstance(gold, (int, float)) and not isinstance(gold, bool):
+        gold = str(gold)  # data files store some answers as numbers (amc23: 27.0)
+    if not isinstance(gold, str) or not gold.strip():
+        return GOLD_INVALID
+    answer_format = resolve_answer_format(answer_format, gold)
+    answer = extract_answer(response, answer_pattern, fallback)
+    try:
+        if answer_format == "number":
+            return _number_verdict(answer, gold)
+        return _expression_verdict(answer, gold, time.monotonic() + timeout_s)
+    except TimeoutException:
+        return TIMEOUT
+
+
+def verify(
+    response: str,
+    gold: str,
+    *,
+    answer_format: str = "auto",
+    fallback: str = "none",
+    answer_pattern: str = "boxed",
+    timeout_s: float = 5.0,
+) -> bool | None:
+    """True if `response`'s final answer equals `gold`, False if not or absent, None if `gold` cannot be parsed."""
+    verdict = judge(
+        response,
+        gold,
+        answer_format=answer_format,
+        fallback=fallback,
+        answer_pattern=answer_pattern,
+        timeout_s=timeout_s,
+    )
+    if verdict == GOLD_INVALID:
+        return None
+    return verdict == CORRECT
+
+
+def format_reward(response: str, answer_pattern: str, *, require_number: bool = False) -> float:
+    """1.0 if the asked-for answer form is present (holding a numeric literal when `require_number`), else 0.0.
+
+    Fallbacks never count here: this reward exists to teach the asked-for form.
+    """
+    answer = extract_answer(response, answer_pattern, "none")
+    if answer is None or (require_number and parse_answer_number(answer) is None):
+        return 0.0
+    return 1.0

@@ -1,0 +1,80 @@
+"""Rollouts with the policy's own Hugging Face modules and a KV cache.
+
+The G samples of a prompt share its prefill: the prompt batch runs once and its KV cache is repeated
+G times, then a plain sampling loop decodes until every row has stopped (or `max_new_tokens`).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from tokenpo.models.logprobs import position_ids_from_mask
+from tokenpo.rollout.engine import Responses, SamplingParams, register_engine
+
+
+def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for row, prompt in enumerate(prompt_ids):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
+def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+    """Temperature / nucleus sampling; temperature 0 is greedy."""
+    if params.temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+        drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@register_engine("hf")
+@torch.no_grad()
+def generate_hf(model, prompt_ids, params: SamplingParams, pad_id: int, generator: torch.Generator) -> Responses:
+    device = next(model.parameters()).device
+    ids, mask = left_pad(prompt_ids, pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    groups = params.num_samples
+    if not params.share_prefill:
+        ids, mask = ids.repeat_interleave(groups, 0), mask.repeat_interleave(groups, 0)
+    cache = DynamicCache()
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1]
+    if params.share_prefill and groups > 1:
+        cache.batch_repeat_interleave(groups)
+        logits = logits.repeat_interleave(groups, 0)
+        mask = mask.repeat_interleave(groups, 0)
+    rows = logits.shape[0]
+    stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    lengths = torch.zeros(rows, dtype=torch.long, device=device)
+    position = mask.sum(-1)
+    tokens = []
+    for _ in range(params.max_new_tokens):
+        next_ids = sample_next(logits, params, generator).masked_fill(finished, pad_id)
+        tokens.append(next_ids)
+        lengths += (~finished).long()
+        finished |= torch.isin(next_ids, stop)
+        if bool(finished.all()):
+            break
+        mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)
+        out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position[:, None],
+                    past_key_values=cache, use_cache=True)
+        position = position + 1
+        logits = out.logits[:, -1]
+    generated = torch.stack(tokens, dim=1).tolist()
+    lengths = lengths.tolist()
+    return Responses(
+        token_ids=[row[:n] for row, n in zip(generated, lengths)],
+        truncated=[not bool(f) for f in finished.tolist()],
+    )

@@ -1,0 +1,45 @@
+"""Typed schema of the `trainer` config group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenpo.errors import ConfigError
+
+LR_SCHEDULES = ("constant", "cosine", "linear")
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 40
+    lr: float = 2e-5
+    warmup_steps: int = 2
+    lr_schedule: str = "constant"
+    weight_decay: float = 0.0
+    adam_betas: tuple = (0.9, 0.999)
+    max_grad_norm: float = 1.0
+    mini_batches: int = 1
+    micro_batch_size: int = 32
+    nproc: int = 1
+    save_every: int = 0
+    keep_last: int = 2
+    resume: str = "auto"
+    threads: int = 0
+    logit_chunk_tokens: int = 1024
+    recompute_head: bool = False
+    print_samples: int = 4
+
+    def validate(self) -> None:
+        positive = ("max_steps", "mini_batches", "micro_batch_size", "nproc", "keep_last", "logit_chunk_tokens")
+        for key in positive:
+            if getattr(self, key) < 1:
+                raise ConfigError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("warmup_steps", "save_every", "threads", "print_samples", "weight_decay", "max_grad_norm"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"trainer.{key} must be >= 0, got {getattr(self, key)}")
+        if not self.lr > 0:
+            raise ConfigError(f"trainer.lr must be > 0, got {self.lr}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"trainer.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
+            raise ConfigError(f"trainer.adam_betas must be two numbers in [0, 1), got {list(self.adam_betas)}")

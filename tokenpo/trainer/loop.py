@@ -1,0 +1,239 @@
+"""The RL loop: sample prompts -> generate G responses -> reward -> advantages -> clipped policy update."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tokenpo import algorithms as alg
+from tokenpo.config import TrainConfig
+from tokenpo.data import DataConfig, Example, PromptSampler, build_prompt, data_config_from_dict, load_splits
+from tokenpo.deepspeed import dist
+from tokenpo.deepspeed.engine import build_policy_engine, build_reference, gathered_for_generation
+from tokenpo.evaluation.run import evaluate, sample_lines
+from tokenpo.logger.run_logger import RunLogger
+from tokenpo.models.loading import load_model
+from tokenpo.rewards import RewardScorer
+from tokenpo.rollout.engine import SamplingParams, get_engine
+from tokenpo.trainer import checkpoint
+from tokenpo.trainer.rollouts import collect_rollouts
+from tokenpo.trainer.update import train_on_rollouts
+
+log = logging.getLogger("tokenpo")
+
+
+class Timings:
+    """Seconds spent per phase in the current step: `with timings("generate"): ...`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
+
+
+@dataclass
+class RunContext:
+    """Everything a step needs; built once per run."""
+
+    cfg: TrainConfig
+    run_dir: Path
+    tokenizer: object
+    policy: object  # the DeepSpeed engine
+    reference: object | None
+    scorer: RewardScorer
+    sampler: PromptSampler
+    device: torch.device
+    timings: Timings = field(default_factory=Timings)
+    _prompt_cache: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.engine = get_engine(self.cfg.rollout.engine)
+        stop = {self.tokenizer.eos_token_id, *self.cfg.rollout.eos_tokens}
+        self.stop_token_ids = tuple(sorted(t for t in stop if t is not None))
+
+    def prompt_ids(self, example: Example, template=None) -> list[int]:
+        template = template or self.cfg.data.template
+        key = (example.uid, example.problem, id(template))
+        if key not in self._prompt_cache:
+            text = build_prompt(example.problem, self.tokenizer, template)
+            self._prompt_cache[key] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self._prompt_cache[key]
+
+    def generation_model(self):
+        return self.policy.module
+
+    def generation_context(self):
+        return gathered_for_generation(self.policy.module, self.cfg.deepspeed)
+
+    def sampling_params(self) -> SamplingParams:
+        r = self.cfg.rollout
+        return SamplingParams(r.group_size, r.max_new_tokens, r.temperature, r.top_p, self.stop_token_ids,
+                              r.share_prefill)
+
+    def rollout_generator(self, step: int, round_index: int) -> torch.Generator:
+        """Sampling randomness depends only on (seed, step, round, rank): a resumed run samples the same."""
+        seed = ((self.cfg.seed * 100_003 + step) * 101 + round_index) * 1009 + dist.rank()
+        return torch.Generator().manual_seed(seed)
+
+    def logprob_temperature(self) -> float:
+        """Log-probs and entropy are taken under the sampling temperature (greedy rollouts: 1)."""
+        return self.cfg.rollout.temperature or 1.0
+
+    def generate(self, prompt_ids, params, generator):
+        with self.generation_context():
+            return self.engine(self.generation_model(), prompt_ids, params, self.tokenizer.pad_token_id, generator)
+
+
+def eval_benchmark(ctx: RunContext, eval_examples: list[Example], data_cfg: DataConfig, step: int):
+    cfg = ctx.cfg
+    reward = cfg.reward_for(data_cfg)
+    metrics, records = evaluate(
+        eval_examples,
+        lambda ex: ctx.prompt_ids(ex, data_cfg.template),
+        ctx.generate,
+        lambda ids: ctx.tokenizer.batch_decode(ids, skip_special_tokens=True),
+        ctx.scorer,
+        cfg.eval,
+        (reward.answer_pattern, reward.fallback),
+        max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+        stop_token_ids=ctx.stop_token_ids,
+        seed=cfg.seed + step,
+    )
+    flat = {f"eval/{cfg.eval.name}/{k}": v for k, v in metrics.items()}
+    flat["eval/accuracy"] = metrics["accuracy"]
+    return flat, records
+
+
+def load_eval_examples(cfg: TrainConfig, train_eval: list[Example]) -> tuple[list[Example], DataConfig]:
+    if cfg.eval.data is None:
+        examples, data_cfg = train_eval, cfg.data
+    else:
+        data_cfg = data_config_from_dict(cfg.eval.data)
+        _, examples = load_splits(data_cfg, cfg.seed)
+    return examples[: cfg.eval.max_problems], data_cfg
+
+
+class StopRequest:
+    """SIGTERM/SIGINT ask the loop to save and exit at the end of the current step."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning("signal %d: saving a checkpoint after this step, then exiting", signum)
+
+
+def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: dict) -> dict:
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    dist.init_distributed(cfg.deepspeed.backend)
+    cfg.validate_batch(dist.world_size())
+    torch.manual_seed(cfg.seed)
+    tokenizer, model = load_model(cfg.model, cfg.seed)
+    device = dist.device()
+    reference = None
+    if alg.needs_reference(cfg.algorithm):
+        reference = build_reference(model, cfg.deepspeed, cfg.trainer, dist.world_size())
+        reference.to(device)
+    policy = build_policy_engine(model, cfg.deepspeed, cfg.trainer, dist.world_size())
+    train_examples, train_eval = load_splits(cfg.data, cfg.seed)
+    eval_examples, eval_data = load_eval_examples(cfg, train_eval)
+    sampler = PromptSampler(train_examples, cfg.data.prompts_per_step, cfg.seed)
+    reward = cfg.reward_for(cfg.data)
+    stop = StopRequest()
+    with RewardScorer(reward) as scorer:
+        ctx = RunContext(cfg, run_dir, tokenizer, policy, reference, scorer, sampler, device)
+        start_step, wandb_id, history = 0, None, {}
+        resume_dir = checkpoint.find_resume_dir(cfg.trainer.resume, run_dir)
+        if resume_dir is not None:
+            state = checkpoint.load(policy, resume_dir)
+            start_step, wandb_id, history = state["step"], state.get("wandb_id"), state.get("history", {})
+            sampler.load_state_dict(state["sampler"])
+            log.info("resumed from %s at step %d", resume_dir, start_step)
+        logger = RunLogger(cfg.logger, run_dir, enabled=dist.is_main(), run_name=run_name, group=group,
+                           config=resolved, resume_id=wandb_id)
+        if dist.is_main():
+            log.info("run dir: %s", run_dir)
+        if start_step == 0 and eval_examples:
+            metrics, records = eval_benchmark(ctx, eval_examples, eval_data, 0)
+            history["eval_before"] = metrics["eval/accuracy"]
+            report_samples("before training", records, cfg.trainer.print_samples)
+            write_eval(run_dir / "eval_before.json", metrics, records)
+            logger.log(0, metrics)
+        started = time.perf_counter() - history.get("elapsed_s", 0.0)
+        step = start_step
+        for step in range(start_step + 1, cfg.trainer.max_steps + 1):
+            ctx.timings = Timings()
+            step_start = time.perf_counter()
+            rollouts = collect_rollouts(ctx, step)
+            metrics = train_on_rollouts(ctx, rollouts, ctx.timings)
+            step_s = time.perf_counter() - step_start
+            completion_tokens = sum(len(r) for r in rollouts.response_ids)
+            metrics.update({f"timing/{k}_s": v for k, v in ctx.timings.seconds.items()})
+            metrics["timing/step_s"] = step_s
+            metrics["throughput/tokens_per_s"] = completion_tokens / step_s
+            last = step == cfg.trainer.max_steps
+            if eval_examples and (last or (cfg.eval.every_steps and step % cfg.eval.every_steps == 0)):
+                eval_metrics, records = eval_benchmark(ctx, eval_examples, eval_data, step)
+                metrics.update(eval_metrics)
+                if last:
+                    history["eval_after"] = eval_metrics["eval/accuracy"]
+                    report_samples("after training", records, cfg.trainer.print_samples)
+                    write_eval(run_dir / "eval_after.json", eval_metrics, records)
+            metrics["time/elapsed_s"] = time.perf_counter() - started
+            logger.log(step, metrics)
+            history["elapsed_s"] = metrics["time/elapsed_s"]
+            save_due = cfg.trainer.save_every and step % cfg.trainer.save_every == 0
+            if save_due or stop.requested:
+                client = {"step": step, "sampler": sampler.state_dict(), "wandb_id": logger.wandb_id,
+                          "history": history}
+                checkpoint.save(policy, run_dir / "checkpoints", step, client, cfg.trainer.keep_last)
+            if stop.requested:
+                break
+        if step == cfg.trainer.max_steps:
+            export_hf(policy, tokenizer, run_dir / "final", cfg.deepspeed.stage)
+        logger.finish()
+    summary = {"steps": step, "eval_before": history.get("eval_before"), "eval_after": history.get("eval_after"),
+               "elapsed_s": history.get("elapsed_s"), "run_dir": str(run_dir)}
+    if dist.is_main():
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def report_samples(title: str, records: list[dict], count: int) -> None:
+    if dist.is_main() and count:
+        log.info("sample answers %s:\n%s", title, "\n".join(sample_lines(records, count)))
+
+
+def write_eval(path: Path, metrics: dict, records: list[dict]) -> None:
+    if dist.is_main():
+        path.write_text(json.dumps({"metrics": metrics, "records": records}, indent=1))
+
+
+def export_hf(policy, tokenizer, out: Path, stage: int) -> None:
+    """The final policy in Hugging Face format (loadable with AutoModelForCausalLM.from_pretrained)."""
+    state = policy._zero3_consolidated_16bit_state_dict() if stage == 3 else None
+    if dist.is_main():
+        policy.module.save_pretrained(out, state_dict=state)
+        tokenizer.save_pretrained(out)
+    if dist.world_size() > 1:
+        torch.distributed.barrier()
