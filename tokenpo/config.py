@@ -69,11 +69,16 @@ def build_config(tree: DictConfig | dict) -> TrainConfig:
         data=data,
         reward=reward_config_from_dict(plain["reward"]),
         rollout=rollout_config_from_dict(plain["rollout"]),
-        deepspeed=from_dict(DeepSpeedConfig, plain["deepspeed"], "deepspeed"),
-        logger=from_dict(LoggerConfig, plain["logger"], "logger"),
-        eval=from_dict(EvalConfig, plain["eval"], "eval"),
-        trainer=from_dict(TrainerConfig, plain["trainer"], "trainer"),
+        deepspeed=validated(from_dict(DeepSpeedConfig, plain["deepspeed"], "deepspeed")),
+        logger=validated(from_dict(LoggerConfig, plain["logger"], "logger")),
+        eval=validated(from_dict(EvalConfig, plain["eval"], "eval")),
+        trainer=validated(from_dict(TrainerConfig, plain["trainer"], "trainer")),
     )
+
+
+def validated(cfg):
+    cfg.validate()
+    return cfg
 
 
 def data_reward_defaults(data: DataConfig) -> dict:

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -39,22 +38,31 @@ def fail(message: str) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def hydra_main(tree: DictConfig) -> float | None:
+    from tokenpo.trainer.launch import external_world_size, launch_local_workers
+
     try:
         cfg = build_config(tree)
+        world = external_world_size()
+        if world > 1 and cfg.trainer.nproc > 1:
+            raise ConfigError(f"trainer.nproc={cfg.trainer.nproc} starts local workers itself; under an external "
+                              f"launcher (WORLD_SIZE={world}) leave trainer.nproc at 1")
+        # before any process starts or loads a model
+        cfg.validate_batch(max(world, cfg.trainer.nproc))
     except ConfigError as err:
         fail(str(err))
     run_dir, name, group = run_identity()
     resolved = OmegaConf.to_container(tree, resolve=True)
-    if cfg.trainer.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        from tokenpo.trainer.launch import launch_local_workers
-
-        return launch_local_workers(cfg.trainer.nproc, run_dir, name, group, resolved)
-    from tokenpo.trainer.loop import train
-
-    try:
-        summary = train(cfg, run_dir, name, group, resolved)
-    except ConfigError as err:
-        fail(str(err))
+    if cfg.trainer.nproc > 1:
+        summary = launch_local_workers(cfg.trainer.nproc, run_dir, name, group, resolved)
+    else:
+        summary = run_here(cfg, run_dir, name, group, resolved, world)
+    if summary is None:
+        return None
+    if summary.get("interrupted"):
+        log.warning("stopped by a signal after step %d; checkpoint saved under %s/checkpoints; run the same "
+                    "command with hydra.run.dir=%s to continue", summary["steps"], run_dir, run_dir)
+        # a sweep stops here too
+        sys.exit(0)
     before, after = summary["eval_before"], summary["eval_after"]
     if before is not None and after is not None:
         log.info("held-out accuracy: %.1f%% before -> %.1f%% after (%d steps, %.0f s); run dir: %s",
@@ -62,7 +70,26 @@ def hydra_main(tree: DictConfig) -> float | None:
     return after
 
 
+def run_here(cfg, run_dir: Path, name: str, group: str, resolved: dict, world: int) -> dict:
+    """Train in this process; under an external launcher every rank takes rank 0's run dir and names."""
+    from tokenpo.deepspeed import dist
+    from tokenpo.trainer.loop import train
+
+    if world > 1:
+        dist.init_distributed(cfg.deepspeed.backend)
+        run_dir, name, group = dist.broadcast_object((run_dir, name, group))
+        if not dist.is_main():
+            logging.getLogger().setLevel(logging.WARNING)
+    try:
+        return train(cfg, run_dir, name, group, resolved)
+    except ConfigError as err:
+        fail(str(err))
+
+
 def main() -> None:
+    from tokenpo.trainer.launch import external_launcher_argv
+
+    sys.argv[1:] = external_launcher_argv(sys.argv[1:])
     hydra_main()
 
 

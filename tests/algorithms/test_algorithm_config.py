@@ -70,8 +70,8 @@ def test_absent_keys_take_the_grpo_defaults():
 @pytest.mark.parametrize(
     "data, message",
     [
-        ({"loss": {"clip_lo": 0.2}}, "algorithm.loss has unknown keys clip_lo"),
-        ({"optimizer": {}}, "algorithm has unknown keys optimizer"),
+        ({"loss": {"clip_lo": 0.2}}, "unknown key algorithm.loss.clip_lo (known: clip_high, clip_low,"),
+        ({"optimizer": {}}, "unknown key algorithm.optimizer (known: advantage, aggregation,"),
         ({"advantage": {"estimator": "ppo"}}, "algorithm.advantage.estimator must be one of grpo, grpo_s, gtpo, got 'ppo'"),
         ({"ratio": {"kind": "seq"}}, "algorithm.ratio.kind must be one of sequence_arithmetic, sequence_geometric, sequence_token, token"),
         ({"aggregation": "mean"}, "algorithm.aggregation must be one of seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, token-mean"),

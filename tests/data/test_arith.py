@@ -8,10 +8,33 @@ from tokenpo.data.arith import LEVELS, ArithConfig, arith_splits, level_space, s
 from tokenpo.errors import ConfigError
 
 
+def _echo_proof(a: int, b: int, answer: int) -> bool:
+    return answer not in (a, b)
+
+
 def test_level_space_sizes():
-    # level 1: 10*10 sums + 55 differences a>=b of one-digit numbers; level 2 the same over 10..99 (90*90 + 90*91/2);
-    # level 3: a in 1..9 times b in 1..99 (891) plus the reversed order for two-digit b (9*90)
-    assert [len(level_space(level)) for level in (1, 2, 3)] == [155, 8100 + 4095, 891 + 810]
+    # level 1: sums and differences a>=b of one-digit numbers; level 2 the same over 10..99; level 3: a in 1..9
+    # times b in 1..99 plus the reversed order for two-digit b -- each without the problems whose answer is one
+    # of their operands (0 + 5, 7 - 0, 4 - 2, 1 x 8), counted here by brute force
+    def add_sub(low, high):
+        r = range(low, high + 1)
+        return (sum(_echo_proof(a, b, a + b) for a in r for b in r)
+                + sum(_echo_proof(a, b, a - b) for a in r for b in r if a >= b))
+
+    mult = sum(_echo_proof(a, b, a * b) for a in range(1, 10) for b in range(1, 100))
+    mult += sum(_echo_proof(a, b, a * b) for a in range(1, 10) for b in range(10, 100))
+    assert [len(level_space(level)) for level in (1, 2, 3)] == [add_sub(0, 9), add_sub(10, 99), mult]
+    assert len(level_space(1)) == 122
+
+
+@pytest.mark.parametrize("level", [1, 2, 3, 4])
+def test_no_answer_stands_in_its_question(level):
+    # echoing the question must never end in the right number
+    for text, answer in level_space(level):
+        assert str(answer) not in re.findall(r"\d+", text)
+
+
+def test_level_space_texts_are_unique():
     for level in LEVELS:
         texts = [text for text, _ in level_space(level)]
         assert len(set(texts)) == len(texts)
@@ -47,13 +70,13 @@ def test_example_problem_text_is_short_and_answers_are_integer_strings():
 
 
 def test_splits_disjoint_sized_by_weight_and_deterministic():
-    cfg = ArithConfig(levels=[1, 2], weights=[0.7, 0.3], train_size=150, eval_size=50, seed=0)
+    cfg = ArithConfig(levels=[1, 2], weights=[0.6, 0.4], train_size=120, eval_size=64, seed=0)
     train, held_out = arith_splits(cfg)
-    assert len(train) == 150 and len(held_out) == 50
+    assert len(train) == 120 and len(held_out) == 64
     assert not {e.problem for e in train} & {e.problem for e in held_out}
-    assert len({e.problem for e in train}) == 150
+    assert len({e.problem for e in train}) == 120
     levels = [e.meta["level"] for e in train], [e.meta["level"] for e in held_out]
-    assert (levels[0].count(1), levels[0].count(2), levels[1].count(1), levels[1].count(2)) == (105, 45, 35, 15)
+    assert (levels[0].count(1), levels[0].count(2), levels[1].count(1), levels[1].count(2)) == (72, 48, 38, 26)
     assert arith_splits(cfg) == (train, held_out)
     other_train, other_eval = arith_splits(ArithConfig(seed=1))
     assert [e.problem for e in other_eval] != [e.problem for e in held_out]
@@ -61,7 +84,7 @@ def test_splits_disjoint_sized_by_weight_and_deterministic():
 
 
 def test_whole_level_can_be_split_without_overlap():
-    train, held_out = arith_splits(ArithConfig(levels=[1], weights=[1.0], train_size=120, eval_size=35))
+    train, held_out = arith_splits(ArithConfig(levels=[1], weights=[1.0], train_size=90, eval_size=32))
     assert {e.problem for e in train} | {e.problem for e in held_out} == {text for text, _ in level_space(1)}
 
 
@@ -81,7 +104,7 @@ def test_split_counts_largest_remainder():
         ({"weights": [1.0]}, r"data.arith.weights must list one weight per level \(2\)"),
         ({"weights": [1.0, 0]}, r"data.arith.weights must all be > 0"),
         ({"train_size": -1}, r"data.arith.train_size must be an integer >= 0, got -1"),
-        ({"train_size": 200}, r"data.arith: level 1 has 155 problems but its weight asks for 35 eval \+ 140 train"),
+        ({"train_size": 200}, r"data.arith: level 1 has 122 problems but its weight asks for 38 eval \+ 120 train"),
     ],
 )
 def test_bad_curriculum_is_a_config_error(changes, message):

@@ -37,7 +37,7 @@ def test_bad_values_name_their_key(key, value):
 
 
 def test_unknown_key_is_rejected():
-    with pytest.raises(ConfigError, match="reward.answer_fromat is not a known key"):
+    with pytest.raises(ConfigError, match=r"unknown key reward.answer_fromat \(known: answer_format,"):
         reward_config_from_dict({"answer_fromat": "number"})
 
 

@@ -7,7 +7,6 @@ functions of this package from these values and never looks at `name`.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -17,6 +16,7 @@ from tokenpo.algorithms.aggregation import AGGREGATIONS
 from tokenpo.algorithms.kl import ENTROPY_REFERENCES, KL_ESTIMATORS, KL_MASKS, KL_TARGETS
 from tokenpo.algorithms.ratios import RATIOS
 from tokenpo.errors import ConfigError
+from tokenpo.schema import from_dict
 
 ROOT = "algorithm"
 
@@ -143,40 +143,10 @@ class AlgorithmConfig:
         _require_choice(self.aggregation, AGGREGATIONS.names(), f"{ROOT}.aggregation")
 
 
-def _coerce(value: Any, hint: Any, key: str) -> Any:
-    """`value` as the field type `hint` (str, bool, int, float, or X | None); ints pass as floats,
-    bools never pass as numbers."""
-    options = typing.get_args(hint) or (hint,)
-    for option in options:
-        if option is type(None) and value is None:
-            return None
-        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if option in (str, bool, int) and type(value) is option:
-            return value
-    names = " or ".join("null" if option is type(None) else option.__name__ for option in options)
-    raise ConfigError(f"{key} must be {names}, got {value!r}")
-
-
-def _build(cls: type, data: Any, path: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{path} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    known = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise ConfigError(f"{path} has unknown keys {', '.join(map(str, unknown))}; known: {', '.join(known)}")
-    values = {}
-    for name, value in data.items():
-        hint, key = hints[name], f"{path}.{name}"
-        values[name] = _build(hint, value, key) if dataclasses.is_dataclass(hint) else _coerce(value, hint, key)
-    return cls(**values)
-
-
 def algorithm_config_from_dict(data: Mapping[str, Any]) -> AlgorithmConfig:
     """Build and validate the config from a plain dict (e.g. OmegaConf.to_container(cfg.algorithm));
     absent keys take the GRPO defaults above."""
-    cfg = _build(AlgorithmConfig, data, ROOT)
+    cfg = from_dict(AlgorithmConfig, data, ROOT)
     cfg.validate()
     return cfg
 

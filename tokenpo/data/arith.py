@@ -7,6 +7,7 @@ the train problems after them, so the two splits can never share a problem text.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -65,10 +66,19 @@ _LEVEL_BUILDERS = {
 LEVELS = tuple(_LEVEL_BUILDERS)
 
 
+def answer_in_question(text: str, answer: int) -> bool:
+    """True when the answer stands among the question's own numbers (`0 + 5`, `5 × 1`, `4 + 2 - 3`)."""
+    return str(answer) in re.findall(r"\d+", text)
+
+
 @lru_cache(maxsize=None)
 def level_space(level: int) -> tuple[tuple[str, int], ...]:
-    """Every (problem text, integer answer) of one level, in a fixed enumeration order."""
-    return tuple(_LEVEL_BUILDERS[level]())
+    """Every (problem text, integer answer) of one level, in a fixed enumeration order.
+
+    Problems whose answer appears among their own numbers are left out: echoing the question (the reward
+    hack a 135M model finds first) must never end in the right number.
+    """
+    return tuple((text, answer) for text, answer in _LEVEL_BUILDERS[level]() if not answer_in_question(text, answer))
 
 
 def split_counts(total: int, weights: list[float]) -> list[int]:
@@ -87,9 +97,9 @@ class ArithConfig:
     """The curriculum: which levels, their sampling weights, split sizes and the seed fixing both splits."""
 
     levels: list[int] = field(default_factory=lambda: [1, 2])
-    weights: list[float] = field(default_factory=lambda: [0.7, 0.3])
-    train_size: int = 150
-    eval_size: int = 50
+    weights: list[float] = field(default_factory=lambda: [0.6, 0.4])
+    train_size: int = 120
+    eval_size: int = 64
     seed: int = 0
 
     def validate(self, prefix: str = "data.arith") -> None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import get_type_hints
+from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -12,6 +10,7 @@ from tokenpo.data.arith import ArithConfig
 from tokenpo.data.loaders import SPLIT_SLOT, TABLE_SPECS, get_loader
 from tokenpo.data.prompts import PromptTemplate
 from tokenpo.errors import ConfigError
+from tokenpo.schema import from_dict
 
 # Reward defaults carried by the dataset (the reward config fills its nulls from these).
 ANSWER_FORMATS = ("number", "expression")
@@ -91,25 +90,10 @@ class DataConfig:
             )
 
 
-def _from_mapping(cls, values, prefix: str):
-    """cls(**values) for a dataclass, recursing into dataclass-typed fields; unknown keys raise ConfigError."""
-    if not isinstance(values, Mapping):
-        raise ConfigError(f"{prefix} must be a mapping, got {values!r}")
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"unknown key {prefix}.{unknown[0]} (known: {', '.join(sorted(known))})")
-    hints = get_type_hints(cls)
-    return cls(**{
-        key: _from_mapping(hints[key], value, f"{prefix}.{key}") if is_dataclass(hints[key]) else value
-        for key, value in values.items()
-    })
-
-
 def data_config_from_dict(values) -> DataConfig:
     """A validated DataConfig from a plain dict or the Hydra `data` node."""
     if isinstance(values, DictConfig):
         values = OmegaConf.to_container(values, resolve=True)
-    cfg = _from_mapping(DataConfig, values, "data")
+    cfg = from_dict(DataConfig, values, "data")
     cfg.validate()
     return cfg

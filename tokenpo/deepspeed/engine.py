@@ -62,8 +62,25 @@ def build_reference(model, ds: DeepSpeedConfig, trainer: TrainerConfig, world_si
     return engine.module
 
 
-def gathered_for_generation(model, ds: DeepSpeedConfig):
-    """Under ZeRO-3, gather the full parameters for the duration of generation."""
+@contextlib.contextmanager
+def gathered_for_generation(engine, ds: DeepSpeedConfig):
+    """Under ZeRO-3, gather the policy's full parameters once for a whole generation call.
+
+    ZeRO-3's per-module hooks would otherwise release each layer after its forward and gather it again at every
+    decoded token; they are lifted while the parameters are gathered and put back afterwards. The full model
+    must fit on one device for the duration (the parameters are re-partitioned on exit).
+    """
     if ds.stage != 3:
-        return contextlib.nullcontext()
-    return deepspeed.zero.GatheredParameters(list(model.parameters()))
+        yield
+        return
+    offload = engine.optimizer.parameter_offload
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+        for param in engine.module.parameters():
+            param.ds_active_sub_modules.clear()
+        for hook in offload.forward_hooks + offload.backward_hooks:
+            hook.remove()
+        offload.forward_hooks, offload.backward_hooks = [], []
+        try:
+            yield
+        finally:
+            offload._register_deepspeed_module(offload.module)

@@ -66,7 +66,9 @@ def evaluate(
                 rows = range(j * params.num_samples, (j + 1) * params.num_samples)
                 record = records[lo + j]
                 responses = [{"response": texts[r], "verdict": verdicts[r],
-                              "answer": extract_answer(texts[r], *reward_pattern)} for r in rows]
+                              "answer": extract_answer(texts[r], *reward_pattern),
+                              "asked_format": extract_answer(texts[r], reward_pattern[0], "none") is not None}
+                             for r in rows]
                 if kind == "greedy":
                     record["greedy"] = responses[0]
                     record["greedy_correct"] = responses[0]["verdict"] == CORRECT
@@ -76,9 +78,11 @@ def evaluate(
                     record["answers"] = [vote_key(s["answer"]) for s in responses]
     gathered = [rec for part in dist.all_gather_objects(records) for rec in part]
     metrics = summarize(gathered, cfg.pass_k) if gathered else {}
-    verdicts = [r["greedy"]["verdict"] for r in gathered if "greedy" in r]
-    verdicts += [s["verdict"] for r in gathered for s in r.get("samples", ())]
-    metrics.update({k.replace("reward/", ""): v for k, v in count_verdicts(verdicts).items()})
+    responses = [r["greedy"] for r in gathered if "greedy" in r]
+    responses += [s for r in gathered for s in r.get("samples", ())]
+    metrics.update({k.replace("reward/", ""): v for k, v in count_verdicts([s["verdict"] for s in responses]).items()})
+    # the answer written in the asked-for form (e.g. \boxed{}), not found by a fallback
+    metrics["asked_format_frac"] = sum(s["asked_format"] for s in responses) / max(1, len(responses))
     metrics["accuracy"] = metrics.get("greedy/accuracy", metrics.get(f"mean@{cfg.n}", 0.0))
     return metrics, gathered
 

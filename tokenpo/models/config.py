@@ -54,4 +54,6 @@ class ModelConfig:
 
 
 def model_config_from_dict(d: dict) -> ModelConfig:
-    return from_dict(ModelConfig, d, "model")
+    cfg = from_dict(ModelConfig, d, "model")
+    cfg.validate()
+    return cfg

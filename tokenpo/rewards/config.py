@@ -1,10 +1,11 @@
 """The `reward` config section: a typed schema checked at start-up, and its merge with dataset defaults."""
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from tokenpo.errors import ConfigError
+from tokenpo.schema import from_dict
 from tokenpo.rewards.extract import ANSWER_PATTERNS, FALLBACKS
 from tokenpo.rewards.verify import ANSWER_FORMATS
 
@@ -52,12 +53,7 @@ def _is_number(value) -> bool:
 
 def reward_config_from_dict(section: Mapping) -> RewardConfig:
     """RewardConfig from the `reward` config section (a dict or DictConfig), validated."""
-    known = [f.name for f in fields(RewardConfig)]
-    values = dict(section.items())
-    for key in values:
-        if key not in known:
-            raise ConfigError(f"reward.{key} is not a known key; known: {', '.join(known)}")
-    return RewardConfig(**values).validate()
+    return from_dict(RewardConfig, dict(section.items()), "reward").validate()
 
 
 def resolve(reward_cfg: RewardConfig, dataset_defaults: Mapping) -> RewardConfig:

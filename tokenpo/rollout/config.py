@@ -34,4 +34,6 @@ class RolloutConfig:
 
 
 def rollout_config_from_dict(d: dict) -> RolloutConfig:
-    return from_dict(RolloutConfig, d, "rollout")
+    cfg = from_dict(RolloutConfig, d, "rollout")
+    cfg.validate()
+    return cfg

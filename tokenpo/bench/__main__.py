@@ -1,0 +1,3 @@
+from tokenpo.bench.cli import main
+
+main()

@@ -1,0 +1,133 @@
+"""`python -m tokenpo.bench` / `tokenpo-bench`: median RL step time of tokenpo (and TRL's GRPOTrainer).
+
+    python -m tokenpo.bench                                   # tokenpo, SmolLM2-135M, 8 prompts x 4 x 32 tokens
+    python -m tokenpo.bench --vs-trl --group-size 8 --max-new-tokens 128 --beta 0
+    python -m tokenpo.bench --model tiny --steps 2 --override rollout.share_prefill=false
+
+Each framework runs in its own subprocess (tokenpo, TRL, tokenpo, TRL, ... for --rounds), so peak memory is
+per framework; the first step of every run is warm-up and is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tokenpo.bench.micro import matmul_gflops
+from tokenpo.bench.settings import BenchSettings, train_config
+from tokenpo.bench.stats import PHASES, summarise
+from tokenpo.errors import ConfigError
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    d = BenchSettings()
+    p = argparse.ArgumentParser(prog="python -m tokenpo.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=d.model, help="smollm2_135m (the embedded default) or tiny (tests)")
+    p.add_argument("--prompts", type=int, default=d.prompts, help="prompts per step")
+    p.add_argument("--group-size", type=int, default=d.group_size, help="completions per prompt G")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="completion length cap")
+    p.add_argument("--beta", type=float, default=d.beta, help="KL coefficient (0: no reference model)")
+    p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate")
+    p.add_argument("--steps", type=int, default=d.steps, help="steps per run, the first one is warm-up")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch intra-op threads per process")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra tokenpo Hydra override (repeatable), e.g. rollout.share_prefill=false")
+    p.add_argument("--vs-trl", action="store_true", help="also run TRL's GRPOTrainer at the same settings")
+    p.add_argument("--rounds", type=int, default=1, help="runs per framework, alternating tokenpo and TRL")
+    p.add_argument("--out", type=Path, default=None, help="result JSON (default: outputs/bench/<settings>.json)")
+    return p.parse_args(argv)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def run_worker(framework: str, settings: BenchSettings) -> dict:
+    """One timed run of `framework` in a fresh process (its own peak memory, its own thread pool)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(settings.threads), "MKL_NUM_THREADS": str(settings.threads)}
+    with tempfile.TemporaryDirectory(prefix="tokenpo-bench-") as tmp:
+        out = Path(tmp) / "run.json"
+        cmd = [sys.executable, "-m", "tokenpo.bench.worker", "--framework", framework,
+               "--settings", json.dumps(settings.to_dict()), "--out", str(out)]
+        start = time.perf_counter()
+        done = subprocess.run(cmd, env=env)
+        if done.returncode != 0 or not out.is_file():
+            raise RuntimeError(f"the {framework} benchmark run failed (exit {done.returncode}); its output is above")
+        result = json.loads(out.read_text())
+    result["wall_s"] = time.perf_counter() - start
+    return result
+
+
+def benchmark(settings: BenchSettings, vs_trl: bool, rounds: int) -> dict:
+    settings.validate()
+    train_config(settings)  # a bad override fails here, in one line, before any run starts
+    if rounds < 1:
+        raise ConfigError(f"bench --rounds must be >= 1, got {rounds}")
+    frameworks = ("tokenpo", "trl") if vs_trl else ("tokenpo",)
+    runs: dict[str, list[dict]] = {f: [] for f in frameworks}
+    load_start = os.getloadavg()
+    for _ in range(rounds):
+        for framework in frameworks:
+            runs[framework].append(run_worker(framework, settings))
+    report = {
+        "settings": settings.to_dict(),
+        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_avg_start": list(load_start),
+                    "load_avg_end": list(os.getloadavg()),
+                    "matmul_gflops_per_s": matmul_gflops(settings.threads)},
+    }
+    for framework, framework_runs in runs.items():
+        report[framework] = {**summarise(framework_runs, framework_runs[0]["shape"]), "runs": framework_runs}
+    if vs_trl:
+        report["tokenpo_over_trl"] = report["tokenpo"]["median_step_s"] / report["trl"]["median_step_s"]
+    return report
+
+
+def default_out(s: BenchSettings, vs_trl: bool) -> Path:
+    name = f"{s.model}_{s.prompts}x{s.group_size}x{s.max_new_tokens}_beta{s.beta:g}{'_vs_trl' if vs_trl else ''}"
+    return Path("outputs") / "bench" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{name}.json"
+
+
+def table(report: dict) -> str:
+    frameworks = [f for f in ("tokenpo", "trl") if f in report]
+    rows = [("median step", "median_step_s")] + [(p, p) for p in PHASES]
+    lines = ["phase (s, median)".ljust(20) + "".join(f.rjust(10) for f in frameworks)]
+    for label, key in rows:
+        values = [report[f]["median_step_s"] if key == "median_step_s" else report[f]["phases_s"][key]
+                  for f in frameworks]
+        lines.append(label.ljust(20) + "".join(f"{v:10.2f}" for v in values))
+    lines.append("peak RSS (MB)".ljust(20) + "".join(f"{report[f]['peak_rss_mb']:10.0f}" for f in frameworks))
+    lines.append("completion tok/s".ljust(20) + "".join(f"{report[f]['completion_tokens_per_s']:10.1f}"
+                                                       for f in frameworks))
+    if "tokenpo_over_trl" in report:
+        lines.append(f"tokenpo / TRL median step: {report['tokenpo_over_trl']:.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    settings = BenchSettings(model=args.model, prompts=args.prompts, group_size=args.group_size,
+                             max_new_tokens=args.max_new_tokens, beta=args.beta, lr=args.lr, steps=args.steps,
+                             threads=args.threads, seed=args.seed, overrides=tuple(args.override))
+    try:
+        report = benchmark(settings, args.vs_trl, args.rounds)
+    except (ConfigError, RuntimeError) as err:
+        print(f"tokenpo-bench: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    out = args.out or default_out(settings, args.vs_trl)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(table(report))
+    print(f"written: {out}")

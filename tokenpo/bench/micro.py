@@ -1,0 +1,140 @@
+"""Micro-benchmarks behind docs/performance.md: matmul peak, tokenpo's log-prob pass vs the plain one, AdamW kinds.
+
+    python -m tokenpo.bench.micro --prompts 8 --group-size 4 --max-new-tokens 32 --threads 2
+
+The plain log-prob pass is what TRL does: every (prompt + completion) row through the whole model, the
+full-vocabulary logits of every position, log-softmax, gather. Completions are random tokens of the full
+length (no early stops), so both passes see exactly the same shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from tokenpo.bench.settings import BenchSettings, step_examples, train_config
+
+
+def best_of(fn, repeats: int) -> float:
+    """Fastest of `repeats` timed calls after one warm-up call (seconds)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def matmul_gflops(threads: int, n: int = 2048, repeats: int = 3) -> float:
+    """fp32 torch.mm throughput on n x n matrices with `threads` threads: the machine's practical peak."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        return 2 * n**3 / best_of(lambda: torch.mm(a, b), repeats) / 1e9
+    finally:
+        torch.set_num_threads(before)
+
+
+def plain_response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, group_size: int):
+    """Log-probs [B, T] the straightforward way: prompts repeated G times, logits of every position."""
+    ids = torch.cat([prompt_ids.repeat_interleave(group_size, 0), response_ids], 1)
+    mask = torch.cat([prompt_mask.repeat_interleave(group_size, 0), response_mask.long()], 1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+    resp_len = response_ids.shape[1]
+    logp = torch.log_softmax(logits[:, -resp_len - 1 : -1].float(), -1)
+    return logp.gather(-1, response_ids[..., None]).squeeze(-1) * response_mask
+
+
+def logprob_timings(settings: BenchSettings, repeats: int = 2) -> dict:
+    """Seconds of tokenpo's response_logprobs vs the plain pass, no-grad (reference) and forward+backward."""
+    from tokenpo.evaluation.benchmark import prompt_token_ids
+    from tokenpo.models.loading import load_model
+    from tokenpo.models.logprobs import response_logprobs
+    from tokenpo.trainer.batch import pad_groups
+
+    cfg, _ = train_config(settings)
+    tokenizer, model = load_model(cfg.model, cfg.seed)
+    examples = step_examples(cfg, 1)[0]
+    prompts = [prompt_token_ids(e.problem, tokenizer, cfg.data.template) for e in examples]
+    generator = torch.Generator().manual_seed(settings.seed)
+    responses = torch.randint(0, len(tokenizer), (len(prompts) * settings.group_size, settings.max_new_tokens),
+                              generator=generator).tolist()
+    t = pad_groups(prompts, responses, tokenizer.pad_token_id, torch.device("cpu"))
+    args = (model, t.prompt_ids, t.prompt_mask, t.response_ids, t.response_mask)
+
+    def tokenpo_pass():
+        return response_logprobs(*args, group_size=settings.group_size, with_entropy=False)[0]
+
+    def plain_pass():
+        return plain_response_logprobs(*args, group_size=settings.group_size)
+
+    def no_grad(fn):
+        def run():
+            with torch.no_grad():
+                fn()
+        return run
+
+    def with_backward(fn):
+        def run():
+            fn().sum().backward()
+            model.zero_grad(set_to_none=True)
+        return run
+
+    out = {"prompt_tokens": int(t.prompt_mask.sum()), "completion_tokens": int(t.response_mask.sum())}
+    for name, fn in (("tokenpo", tokenpo_pass), ("plain", plain_pass)):
+        out[f"{name}_no_grad_s"] = best_of(no_grad(fn), repeats)
+        out[f"{name}_forward_backward_s"] = best_of(with_backward(fn), repeats)
+    with torch.no_grad():
+        out["max_abs_diff"] = float((tokenpo_pass() - plain_pass()).abs().max())
+    return out
+
+
+def adamw_timings(settings: BenchSettings, repeats: int = 3) -> dict:
+    """Seconds of one AdamW step over the model's parameters: torch's default, foreach, fused."""
+    from tokenpo.models.loading import load_model
+
+    cfg, _ = train_config(settings)
+    _, model = load_model(cfg.model, cfg.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    out = {}
+    for name, kwargs in (("default", {}), ("foreach", {"foreach": True}), ("fused", {"fused": True})):
+        optimizer = torch.optim.AdamW(params, lr=settings.lr, **kwargs)
+        out[f"{name}_s"] = best_of(optimizer.step, repeats)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m tokenpo.bench.micro", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2_135m")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--only", choices=("matmul", "logprobs", "adamw"), action="append",
+                   help="run only these parts (repeatable; default: all)")
+    args = p.parse_args(argv)
+    settings = BenchSettings(model=args.model, prompts=args.prompts, group_size=args.group_size,
+                             max_new_tokens=args.max_new_tokens, threads=args.threads)
+    settings.validate()
+    torch.set_num_threads(args.threads)
+    parts = args.only or ["matmul", "logprobs", "adamw"]
+    out = {"settings": settings.to_dict()}
+    if "matmul" in parts:
+        out["matmul_gflops_per_s"] = {f"{n}_threads": matmul_gflops(n) for n in range(1, args.threads + 1)}
+    if "logprobs" in parts:
+        out["logprobs"] = logprob_timings(settings)
+    if "adamw" in parts:
+        out["adamw"] = adamw_timings(settings)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Per-step timings -> medians, throughput, achieved FLOP/s and peak memory of one framework."""
+
+from __future__ import annotations
+
+import resource
+import statistics
+
+# Seconds per step spent in each phase. `update` is everything after the reference pass: policy forward,
+# loss, backward and optimizer step; the last three are split out as `policy_forward` (forward + loss),
+# `backward` and `optimizer` (gradient clipping + AdamW step).
+PHASES = ("generate", "reward", "reference", "old_logprob", "update", "policy_forward", "backward", "optimizer")
+
+
+def model_shape(model) -> dict:
+    """What the FLOP estimate needs: parameters outside the input embedding, hidden width, vocabulary."""
+    embedding = model.get_input_embeddings().weight
+    total = sum(p.numel() for p in model.parameters())
+    head = model.get_output_embeddings().weight
+    # a tied head is the embedding; its matmul is counted separately (only on completion positions)
+    untied_head = 0 if head.data_ptr() == embedding.data_ptr() else head.numel()
+    return {"non_embedding_params": total - embedding.numel() - untied_head,
+            "hidden_size": int(embedding.shape[1]), "vocab_size": int(embedding.shape[0])}
+
+
+def forward_flops(prompt_tokens: int, completion_tokens: int, shape: dict) -> float:
+    """2 x params x tokens through the decoder (each prompt once) + the output layer on completion tokens only.
+
+    Attention scores (O(length^2), a few percent at these lengths) are left out.
+    """
+    decoder = 2.0 * shape["non_embedding_params"] * (prompt_tokens + completion_tokens)
+    head = 2.0 * shape["hidden_size"] * shape["vocab_size"] * completion_tokens
+    return decoder + head
+
+
+def peak_rss_mb() -> dict:
+    """Peak resident memory of this process and of its largest finished child (Linux reports KiB)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return {"process": round(own, 1), "largest_child": round(children, 1), "total": round(own + children, 1)}
+
+
+def summarise(runs: list[dict], shape: dict, warmup_steps: int = 1) -> dict:
+    """Medians over every run's steps after its first `warmup_steps`, plus throughput and FLOP/s.
+
+    `runs`: [{"steps": [{"step_s", <phase>..., "completion_tokens", "prompt_tokens"}], "peak_rss_mb": {...}}].
+    FLOP/s are the useful work (the same for both frameworks: each prompt once, head on completions only)
+    over the phase's summed seconds: forward + backward = 3 x forward.
+    """
+    measured = [step for run in runs for step in run["steps"][warmup_steps:]]
+    if not measured:
+        raise ValueError(f"no measured steps: every run has at most {warmup_steps} warm-up step(s)")
+    step_s = [s["step_s"] for s in measured]
+    tokens = sum(s["completion_tokens"] for s in measured)
+    fwd = sum(forward_flops(s["prompt_tokens"], s["completion_tokens"], shape) for s in measured)
+    update_s = sum(s["update"] for s in measured)
+    reference_s = sum(s["reference"] for s in measured)
+    return {
+        "median_step_s": statistics.median(step_s),
+        "step_s": step_s,
+        "phases_s": {p: statistics.median(s[p] for s in measured) for p in PHASES},
+        "completion_tokens_per_s": tokens / sum(step_s),
+        "completion_tokens_per_step": tokens / len(measured),
+        "update_gflops_per_s": 3 * fwd / update_s / 1e9 if update_s > 0 else None,
+        "reference_gflops_per_s": fwd / reference_s / 1e9 if reference_s > 0 else None,
+        "peak_rss_mb": max(run["peak_rss_mb"]["total"] for run in runs),
+        "measured_steps": len(measured),
+    }

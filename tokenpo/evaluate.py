@@ -1,0 +1,73 @@
+"""`python -m tokenpo.evaluate` / `tokenpo-eval`: evaluate a checkpoint on a benchmark of the `eval` config group.
+
+    python -m tokenpo.evaluate model_path=outputs/runs/<run>                      # the run's final/, held-out arith
+    python -m tokenpo.evaluate model_path=outputs/runs/<run> eval=gsm8k \\
+        eval.data.path=../shared/data/gsm8k_{split}.jsonl eval.max_problems=20
+    python -m tokenpo.evaluate model_path=Qwen/Qwen2.5-Math-1.5B eval=math500 dtype=bfloat16
+    python -m tokenpo.evaluate -m model_path=<folder> eval=gsm8k,math500         # one job per benchmark
+
+Results go to `<output_dir>/eval.json` (metrics and every problem's responses and verdicts); by default
+output_dir is `<model_path>/eval_<eval.name>/` (beside a run's metrics, or inside a model folder) and
+`outputs/eval/<org>__<name>/eval_<eval.name>/` for a hub id. The metrics are printed as a markdown table.
+Groups `eval`, `data` (the benchmark when eval.data is null, e.g. eval=arith), `reward` and `rollout` (engine,
+eos_tokens, and max_new_tokens where eval.max_new_tokens is null) are the training run's groups.
+"""
+
+from __future__ import annotations
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+from tokenpo.errors import ConfigError
+from tokenpo.evaluation.cli import build_eval_run, report, run_evaluation
+from tokenpo.train import CONF_DIR, fail
+
+EVALUATE_CONFIG = {
+    "defaults": [
+        {"eval": "arith"},
+        {"data": "arith"},
+        {"reward": "default"},
+        {"rollout": "hf"},
+        # logs to the console only: no <job>.log file beside wherever the command runs
+        {"override hydra/job_logging": "stdout"},
+        "_self_",
+    ],
+    # run dir (its final/ is evaluated), Hugging Face model folder, or hub id (org/name); required
+    "model_path": None,
+    # folder of eval.json; null = <model_path>/eval_<eval.name>, outputs/eval/<org>__<name>/eval_<eval.name> for a hub id
+    "output_dir": None,
+    # parameter dtype the model is evaluated in: float32 | bfloat16 | float16
+    "dtype": "float32",
+    # attention kernel: sdpa | eager | flash_attention_2
+    "attn_implementation": "sdpa",
+    # run model code from the hub repo (needed by some architectures)
+    "trust_remote_code": False,
+    # seed of the sampled responses (eval.n > 0); greedy answers do not depend on it
+    "seed": 0,
+    # question -> response -> verdict lines printed under the metrics table
+    "print_samples": 4,
+    # results go to output_dir, so Hydra writes no run folder, .hydra/ copy or log file of its own
+    "hydra": {"run": {"dir": "."}, "sweep": {"dir": ".", "subdir": "."}, "output_subdir": None},
+}
+
+ConfigStore.instance().store(name="evaluate", node=EVALUATE_CONFIG)
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="evaluate")
+def hydra_main(tree: DictConfig) -> float:
+    try:
+        run = build_eval_run(tree)
+        metrics, records = run_evaluation(run)
+    except ConfigError as err:
+        fail(str(err))
+    print(report(run, metrics, records), flush=True)
+    return metrics["accuracy"]
+
+
+def main() -> None:
+    hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""The benchmark a policy is evaluated on: its problems, its data config, prompt token ids and stop tokens.
+
+Shared by training-time evaluation (tokenpo.trainer.loop) and `python -m tokenpo.evaluate`, so both score
+the same problems with the same prompts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tokenpo.data import DataConfig, Example, PromptTemplate, build_prompt, data_config_from_dict, load_splits
+from tokenpo.errors import ConfigError
+from tokenpo.evaluation.config import EvalConfig
+
+
+def load_benchmark(eval_cfg: EvalConfig, data_cfg: DataConfig, seed: int,
+                   data_eval: list[Example] | None = None) -> tuple[list[Example], DataConfig]:
+    """(the first eval.max_problems problems, the data config they come from).
+
+    eval.data set: that dataset's eval split. eval.data null: the eval split of `data_cfg`; `data_eval` is that
+    split when the caller already loaded it (the trainer loads it with the training split), else it is read here.
+    """
+    if eval_cfg.data is not None:
+        data_cfg = data_config_from_dict(eval_cfg.data)
+        _, examples = load_splits(data_cfg, seed)
+    elif data_eval is not None:
+        examples = data_eval
+    elif data_cfg.eval_split is None:
+        raise ConfigError(f"eval.data is null and data.eval_split of {data_cfg.name!r} is null: nothing to evaluate "
+                          "(pick a benchmark with eval=<name> or set data.eval_split)")
+    else:
+        # only the eval split: a benchmark run must not need (or download) the training split
+        _, examples = load_splits(replace(data_cfg, train_split=None), seed)
+    return examples[: eval_cfg.max_problems], data_cfg
+
+
+def prompt_token_ids(problem: str, tokenizer, template: PromptTemplate) -> list[int]:
+    # the rendered prompt already holds the template's special tokens; the tokenizer must not add a second BOS
+    return tokenizer(build_prompt(problem, tokenizer, template), add_special_tokens=False)["input_ids"]
+
+
+def stop_token_ids(tokenizer, extra: tuple[int, ...]) -> tuple[int, ...]:
+    """Token ids that end a response: the tokenizer's EOS and rollout.eos_tokens."""
+    stop = {tokenizer.eos_token_id, *extra}
+    return tuple(sorted(t for t in stop if t is not None))

@@ -1,0 +1,165 @@
+"""Stand-alone evaluation of a checkpoint (the logic behind `python -m tokenpo.evaluate`).
+
+The model comes from `model_path`: a training run dir (its `final/` folder is evaluated), any local Hugging
+Face model folder, or a hub id. Generation uses the rollout engine and scoring the reward workers, in one
+process; problems, prompts and metrics are those of training-time evaluation (tokenpo.evaluation.benchmark).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from tokenpo.config import data_reward_defaults
+from tokenpo.data import DataConfig, data_config_from_dict
+from tokenpo.deepspeed import dist
+from tokenpo.errors import ConfigError
+from tokenpo.evaluation.benchmark import load_benchmark, prompt_token_ids, stop_token_ids
+from tokenpo.evaluation.config import EvalConfig
+from tokenpo.evaluation.run import evaluate, sample_lines
+from tokenpo.models.config import ModelConfig
+from tokenpo.models.loading import load_model
+from tokenpo.rewards import RewardConfig, RewardScorer, resolve, reward_config_from_dict
+from tokenpo.rollout import get_engine
+from tokenpo.rollout.config import RolloutConfig, rollout_config_from_dict
+from tokenpo.schema import from_dict
+
+log = logging.getLogger("tokenpo")
+
+# `org/name` as the hub spells repository ids
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# where results of hub models go when output_dir is null (a hub id has no folder of its own)
+HUB_OUTPUT_ROOT = Path("outputs/eval")
+SETTINGS = ("model_path", "output_dir", "dtype", "attn_implementation", "trust_remote_code", "seed", "print_samples")
+GROUPS = ("eval", "data", "reward", "rollout")
+
+
+@dataclass
+class EvalRun:
+    """A validated stand-alone evaluation: which model, which benchmark, where the results go."""
+
+    model: ModelConfig
+    eval: EvalConfig
+    data: DataConfig
+    reward: RewardConfig
+    rollout: RolloutConfig
+    output_dir: Path
+    seed: int
+    print_samples: int
+
+
+def model_config_for(model_path, dtype: str, attn_implementation: str, trust_remote_code: bool) -> ModelConfig:
+    """source=local for a model folder (a run dir's final/), source=hub for an `org/name` that is not a path."""
+    if not model_path:
+        raise ConfigError("model_path is required: a run dir (its final/ is used), a Hugging Face model folder "
+                          "or a hub id, e.g. model_path=outputs/runs/<run>")
+    path = Path(str(model_path)).expanduser()
+    if path.exists():
+        folder = path if (path / "config.json").is_file() else path / "final"
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"model_path {str(model_path)!r} is not a model folder (no config.json) "
+                              "nor a run dir (no final/config.json)")
+        name = path.resolve().name
+        source = {"source": "local", "path": str(folder)}
+    elif HUB_ID.fullmatch(str(model_path)):
+        name, source = str(model_path).replace("/", "__"), {"source": "hub", "hub_id": str(model_path)}
+    else:
+        raise ConfigError(f"model_path {str(model_path)!r} does not exist and is not a hub id (org/name)")
+    cfg = ModelConfig(name=name, dtype=dtype, attn_implementation=attn_implementation,
+                      trust_remote_code=trust_remote_code, **source)
+    cfg.validate()
+    return cfg
+
+
+def default_output_dir(model_path: str, model: ModelConfig, benchmark: str) -> Path:
+    """Next to the evaluated weights: <run dir or model folder>/eval_<benchmark>; outputs/eval/<org>__<name>/... for hub ids."""
+    if model.source == "hub":
+        return HUB_OUTPUT_ROOT / model.name / f"eval_{benchmark}"
+    return Path(str(model_path)).expanduser() / f"eval_{benchmark}"
+
+
+def build_eval_run(tree: DictConfig | dict) -> EvalRun:
+    """Validate the composed `evaluate` config; the first bad value raises ConfigError naming its key."""
+    plain = OmegaConf.to_container(tree, resolve=True) if isinstance(tree, DictConfig) else dict(tree)
+    plain.pop("hydra", None)
+    unknown = sorted(set(plain) - set(SETTINGS) - set(GROUPS))
+    if unknown:
+        raise ConfigError(f"unknown top-level config keys: {', '.join(unknown)}")
+    for key in ("seed", "print_samples"):
+        value = plain.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{key} must be an integer >= 0, got {value!r}")
+    model = model_config_for(plain.get("model_path"), plain["dtype"], plain["attn_implementation"],
+                             plain["trust_remote_code"])
+    eval_cfg = from_dict(EvalConfig, plain["eval"], "eval")
+    output_dir = plain.get("output_dir")
+    return EvalRun(
+        model=model,
+        eval=eval_cfg,
+        data=data_config_from_dict(plain["data"]),
+        reward=reward_config_from_dict(plain["reward"]),
+        rollout=rollout_config_from_dict(plain["rollout"]),
+        output_dir=Path(output_dir) if output_dir else default_output_dir(plain["model_path"], model, eval_cfg.name),
+        seed=plain["seed"],
+        print_samples=plain["print_samples"],
+    )
+
+
+def load_policy(cfg: ModelConfig):
+    """(tokenizer, model) in eval mode on this process's device; a folder or hub id that cannot load is a ConfigError."""
+    try:
+        tokenizer, model = load_model(cfg)
+    except OSError as err:
+        where = cfg.path if cfg.source == "local" else cfg.hub_id
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"model_path {where!r} could not be loaded: {first_line}") from err
+    return tokenizer, model.to(dist.device()).eval()
+
+
+def run_evaluation(run: EvalRun) -> tuple[dict, list[dict]]:
+    """Generate, score and summarise; writes <output_dir>/eval.json and returns (metrics, records)."""
+    examples, data_cfg = load_benchmark(run.eval, run.data, run.seed)
+    reward = resolve(run.reward, data_reward_defaults(data_cfg))
+    tokenizer, model = load_policy(run.model)
+    engine = get_engine(run.rollout.engine)
+    log.info("evaluating %s on %s: %d problems", run.model.path or run.model.hub_id, run.eval.name, len(examples))
+    with RewardScorer(reward) as scorer:
+        metrics, records = evaluate(
+            examples,
+            lambda ex: prompt_token_ids(ex.problem, tokenizer, data_cfg.template),
+            lambda ids, params, generator: engine(model, ids, params, tokenizer.pad_token_id, generator),
+            lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
+            scorer,
+            run.eval,
+            (reward.answer_pattern, reward.fallback),
+            max_new_tokens=run.eval.max_new_tokens or run.rollout.max_new_tokens,
+            stop_token_ids=stop_token_ids(tokenizer, run.rollout.eos_tokens),
+            seed=run.seed,
+        )
+    run.output_dir.mkdir(parents=True, exist_ok=True)
+    result = {"model": run.model.path or run.model.hub_id, "benchmark": run.eval.name, "metrics": metrics,
+              "records": records}
+    (run.output_dir / "eval.json").write_text(json.dumps(result, indent=1))
+    return metrics, records
+
+
+def metrics_table(metrics: dict) -> str:
+    """A markdown table, one metric a row (counts as integers, fractions to 4 decimals)."""
+    rows = ["| metric | value |", "|---|---|"]
+    for key, value in metrics.items():
+        shown = str(value) if isinstance(value, int) else f"{value:.4f}"
+        rows.append(f"| {key} | {shown} |")
+    return "\n".join(rows)
+
+
+def report(run: EvalRun, metrics: dict, records: list[dict]) -> str:
+    lines = [f"## {run.eval.name}: {run.model.path or run.model.hub_id}", "", metrics_table(metrics)]
+    if run.print_samples:
+        lines += ["", "Samples (question -> response -> verdict):", *sample_lines(records, run.print_samples)]
+    lines += ["", f"records and metrics: {run.output_dir / 'eval.json'}"]
+    return "\n".join(lines)
