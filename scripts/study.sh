@@ -9,7 +9,7 @@ OUT="${STUDY_DIR:-outputs/study}"
 STEPS="${STUDY_STEPS:-6}"
 start=$(date +%s)
 "$PY" -m tokenpo.train -m algorithm=grpo,dapo,tepo,gtpo,grpo_s,dr_grpo,gspo seed=0,1,2 \
-    trainer.max_steps="$STEPS" eval.every_steps=3 trainer.print_samples=0 logger.mode=disabled \
+    trainer.max_steps="$STEPS" trainer.mini_batches=2 eval.every_steps=3 trainer.print_samples=0 logger.mode=disabled \
     hydra.sweep.dir="$OUT" "$@"
 echo "study wall time: $(( $(date +%s) - start )) s"
 "$PY" -m tokenpo.compare "$OUT" --baseline algorithm=grpo --target-metric eval/accuracy --target 0.7 \

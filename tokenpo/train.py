@@ -22,11 +22,16 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("tokenpo")
 
 
+# overrides that say how a job runs, not what it computes: left out of run names
+RUN_CONTROL_KEYS = ("logger.mode", "trainer.nproc", "trainer.resume", "hydra.")
+
+
 def run_identity() -> tuple[Path, str, str]:
-    """Run dir, W&B run name (the overrides) and group (the sweep folder, or 'single')."""
+    """Run dir, W&B run name (the job's overrides) and group (the sweep folder, or 'single')."""
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
-    name = hc.job.override_dirname or "default"
+    overrides = [o for o in hc.overrides.task if not o.lstrip("+~").startswith(RUN_CONTROL_KEYS)]
+    name = ",".join(sorted(overrides)) or "default"
     group = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else "single"
     return run_dir, name, group
 

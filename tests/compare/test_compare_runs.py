@@ -83,3 +83,10 @@ def test_missing_metric_notes_name_the_group_or_metric():
         "group algorithm=dapo: no kl/ref values",
         "metric kl/old: logged by no run",
     ]
+
+
+def test_baseline_selector_matches_numbers_in_any_spelling():
+    from tokenpo.compare.runs import same_value
+
+    assert same_value("2e-05", "2e-5") and same_value("0.10", "0.1") and same_value("grpo", "grpo")
+    assert not same_value("2e-05", "3e-5") and not same_value(None, "1") and not same_value("grpo", "dapo")

@@ -7,6 +7,7 @@ Experiments are found by globbing, so a new file is covered without touching thi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -79,7 +80,9 @@ def compose_tree(*overrides: str, return_hydra_config: bool = False) -> DictConf
         return compose("train", overrides=list(overrides), return_hydra_config=return_hydra_config)
 
 
+@functools.lru_cache(maxsize=None)
 def load(*overrides: str) -> TrainConfig:
+    """The validated config (cached: composing costs ~0.1 s; callers only read it)."""
     return build_config(compose_tree(*overrides))
 
 
@@ -164,6 +167,12 @@ def test_testbed_ablations_share_the_testbed(name):
     assert differences(cfg.trainer, default.trainer) == {"mini_batches": 2}
     for group in ("model", "data", "rollout", "eval", "deepspeed", "reward"):
         assert getattr(cfg, group) == getattr(default, group), group
+
+
+def test_testbed_ablations_have_distinct_labels():
+    """W&B run names leave the experiment out, so algorithm.name is what tells the runs apart in logs."""
+    names = [load(f"experiment={n}").algorithm.name for n in EXPERIMENTS if n.startswith(TESTBED_FAMILIES)]
+    assert len(set(names)) == len(names), sorted(names)
 
 
 def test_ladder_keeps_dapo_without_kl_and_with_pm1_reward():

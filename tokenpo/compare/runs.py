@@ -151,12 +151,22 @@ def group_runs(runs: list[Run], average_over: list[str], group_by: list[str] | N
     return dict(sorted(groups.items()))
 
 
+def same_value(a: str | None, b: str) -> bool:
+    """Override values match as text, or as numbers (Hydra writes 2e-5 as 2e-05)."""
+    if a == b:
+        return True
+    try:
+        return a is not None and float(a) == float(b)
+    except ValueError:
+        return False
+
+
 def find_group(groups: dict[str, list[Run]], selector: str) -> str:
     """The one group whose runs all carry the selector's overrides, e.g. 'algorithm=grpo'."""
     wanted = parse_overrides(selector.split())
     matches = [
         label for label, runs in groups.items()
-        if all(run.overrides.get(key) == value for run in runs for key, value in wanted.items())
+        if all(same_value(run.overrides.get(key), value) for run in runs for key, value in wanted.items())
     ]
     if len(matches) != 1:
         raise ConfigError(

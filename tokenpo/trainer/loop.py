@@ -15,7 +15,7 @@ import torch
 
 from tokenpo import algorithms as alg
 from tokenpo.config import TrainConfig
-from tokenpo.data import DataConfig, Example, PromptSampler, load_splits
+from tokenpo.data import DataConfig, Example, PromptSampler, describe_template, load_splits
 from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import build_policy_engine, build_reference, gathered_for_generation
 from tokenpo.evaluation.benchmark import load_benchmark, prompt_token_ids, stop_token_ids
@@ -165,6 +165,7 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
                            config=resolved, resume_id=wandb_id)
         if dist.is_main():
             log.info("run dir: %s", run_dir)
+            log.info("prompt template: %s", describe_template(cfg.data.template, tokenizer))
         if start_step == 0 and eval_examples:
             metrics, records = eval_benchmark(ctx, eval_examples, eval_data, 0)
             history["eval_before"] = metrics["eval/accuracy"]

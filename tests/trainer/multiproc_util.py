@@ -1,0 +1,87 @@
+"""Shared by the multi-process tests and the scripts their ranks run: small configs, launching ranks, reading runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from tokenpo.config import build_config
+from tokenpo.train import CONF_DIR
+from tokenpo.trainer.launch import supervise, worker_env
+
+from tokenpo.deepspeed.dist import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+# the rank scripts and the test reward function are imported from here in every process
+TEST_DIRS = [REPO / "tests" / "trainer", REPO / "tests" / "deepspeed"]
+# a tiny model, a tiny batch, one intra-op thread per process (two ranks share two cores), no W&B
+SMALL = ["model=tiny", "logger.mode=disabled", "data.prompts_per_step=4", "rollout.group_size=2",
+         "rollout.max_new_tokens=8", "eval.max_problems=4", "trainer.threads=1", "trainer.print_samples=0",
+         "reward.fn=trainer_rewards:even_length", "reward.num_workers=1"]
+# shared metrics that must agree between equivalent runs (timings and throughput never do)
+COMPARED = ("loss", "grad_norm", "reward/mean", "entropy/mean", "kl/ref", "advantage/abs_mean", "lr",
+            "response_length/mean", "accuracy")
+
+
+def test_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, [*TEST_DIRS, os.environ.get("PYTHONPATH", "")])),
+               **extra)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    return env
+
+
+def run_ranks(script: Path, args: list[str], nproc: int, log_dir: Path, timeout_s: float = 240) -> None:
+    """Run `python script *args` as ranks 0..nproc-1 of one process group; fail with the logs' tails if any fails."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    port, env = free_port(), test_env()
+    logs = [open(log_dir / f"rank{rank}.log", "w") for rank in range(nproc)]
+    procs = [subprocess.Popen([sys.executable, str(script), *args], stdout=log, stderr=subprocess.STDOUT,
+                              env={**env, **{k: v for k, v in worker_env(rank, nproc, port).items()
+                                             if k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                                      "MASTER_ADDR", "MASTER_PORT")}})
+             for rank, log in enumerate(logs)]
+    timer = threading.Timer(timeout_s, lambda: [p.kill() for p in procs if p.poll() is None])
+    timer.start()
+    try:
+        status, _ = supervise(procs, grace_s=5)
+    finally:
+        timer.cancel()
+        for log in logs:
+            log.close()
+    if status:
+        tails = "\n".join(f"--- rank {r} ---\n" + (log_dir / f"rank{r}.log").read_text()[-3000:] for r in range(nproc))
+        raise AssertionError(f"{script.name} failed with status {status}\n{tails}")
+
+
+def compose_config(overrides: list[str]):
+    """(TrainConfig, resolved dict) for `python -m tokenpo.train <overrides>`."""
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        tree = compose("train", overrides=overrides)
+    return build_config(tree), OmegaConf.to_container(tree, resolve=True)
+
+
+def train_run(run_dir: Path, overrides: list[str]) -> dict:
+    """train() in this process (every rank calls it) into `run_dir`."""
+    from tokenpo.trainer.loop import train
+
+    cfg, resolved = compose_config(overrides)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return train(cfg, run_dir, run_dir.name, "tests", resolved)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def by_step(records: list[dict]) -> dict[int, dict]:
+    steps = [r["step"] for r in records]
+    assert len(steps) == len(set(steps)), f"a step was logged twice: {steps}"
+    return {r["step"]: r for r in records}
