@@ -97,11 +97,13 @@ BAD = [
 ]
 
 
-def test_bad_overrides_fail_fast_with_one_line_naming_the_key():
-    # started together: each spends most of its few seconds importing
-    procs = [subprocess.Popen([sys.executable, "-m", "tokenpo.train", "logger.mode=disabled", *overrides], cwd=REPO,
+def test_bad_overrides_fail_fast_with_one_line_naming_the_key(tmp_path):
+    # started together: each spends most of its few seconds importing; Hydra makes the run dir before the job
+    # starts, so it goes to tmp_path
+    procs = [subprocess.Popen([sys.executable, "-m", "tokenpo.train", "logger.mode=disabled", *overrides,
+                               f"hydra.run.dir={tmp_path / str(i)}"], cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for overrides, _ in BAD]
+             for i, (overrides, _) in enumerate(BAD)]
     procs.append(subprocess.Popen([sys.executable, "-m", "tokenpo.train", "algorithm=nope"], cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = [proc.communicate(timeout=120) for proc in procs]

@@ -2,10 +2,12 @@
 
     python -m tokenpo.evaluate model_path=outputs/runs/<run>                      # the run's final/, held-out arith
     python -m tokenpo.evaluate model_path=outputs/runs/<run> eval=gsm8k \\
-        eval.data.path=../shared/data/gsm8k_{split}.jsonl eval.max_problems=20
+        eval.data.path=../shared/data/gsm8k_test.jsonl eval.max_problems=20
     python -m tokenpo.evaluate model_path=Qwen/Qwen2.5-Math-1.5B eval=math500 dtype=bfloat16
     python -m tokenpo.evaluate -m model_path=<folder> eval=gsm8k,math500         # one job per benchmark
 
+A benchmark reads one split, so its local file needs no `{split}`; a path that has one must be quoted for Hydra's
+override grammar: 'eval.data.path="../shared/data/gsm8k_{split}.jsonl"'.
 Results go to `<output_dir>/eval.json` (metrics and every problem's responses and verdicts); by default
 output_dir is `<model_path>/eval_<eval.name>/` (beside a run's metrics, or inside a model folder) and
 `outputs/eval/<org>__<name>/eval_<eval.name>/` for a hub id. The metrics are printed as a markdown table.
@@ -47,8 +49,10 @@ EVALUATE_CONFIG = {
     "seed": 0,
     # question -> response -> verdict lines printed under the metrics table
     "print_samples": 4,
-    # results go to output_dir, so Hydra writes no run folder, .hydra/ copy or log file of its own
-    "hydra": {"run": {"dir": "."}, "sweep": {"dir": ".", "subdir": "."}, "output_subdir": None},
+    # results go to output_dir, so Hydra writes no run folder, .hydra/ copy or log file of its own;
+    # a multirun (-m) only leaves its multirun.yaml under outputs/eval/multirun/<time>
+    "hydra": {"run": {"dir": "."}, "output_subdir": None,
+              "sweep": {"dir": "outputs/eval/multirun/${now:%Y-%m-%d_%H-%M-%S}", "subdir": "."}},
 }
 
 ConfigStore.instance().store(name="evaluate", node=EVALUATE_CONFIG)

@@ -110,19 +110,22 @@ def test_cli_on_a_model_folder_with_a_benchmark_group(run_dir, tmp_path):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["gsm8k_test.jsonl", "out"]
 
 
-def test_bad_input_fails_with_one_line(tmp_path):
-    (tmp_path / "empty").mkdir()
-    cases = [([f"model_path={tmp_path / 'missing'}"], "does not exist"),
-             ([f"model_path={tmp_path / 'empty'}"], "not a model folder"),
-             ([], "model_path is required")]
-    procs = [evaluate_cli(*args, cwd=tmp_path) for args, _ in cases]
-    procs.append(evaluate_cli(f"model_path={tmp_path}", "eval=nope", cwd=tmp_path))
-    results = [proc.communicate(timeout=120) for proc in procs]
-    for (args, message), proc, (_, stderr) in zip(cases, procs, results):
-        assert proc.returncode != 0 and "Traceback" not in stderr, stderr
-        errors = [line for line in stderr.splitlines() if line.startswith("tokenpo: error:")]
-        assert len(errors) == 1 and "model_path" in errors[0] and message in errors[0], stderr
-    assert procs[-1].returncode != 0 and "'eval/nope'" in results[-1][1]  # Hydra lists the known benchmarks
+def test_bad_input_exits_nonzero_with_one_line(tmp_path):
+    procs = [evaluate_cli(f"model_path={tmp_path / 'missing'}", cwd=tmp_path),
+             evaluate_cli(f"model_path={tmp_path}", "eval=nope", cwd=tmp_path)]
+    (_, stderr), (_, hydra_stderr) = [proc.communicate(timeout=120) for proc in procs]
+    assert procs[0].returncode != 0 and "Traceback" not in stderr, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("tokenpo: error:")]
+    assert len(errors) == 1 and "model_path" in errors[0] and "does not exist" in errors[0], stderr
+    assert procs[1].returncode != 0 and "Traceback" not in hydra_stderr
+    assert "'eval/nope'" in hydra_stderr  # Hydra's own message, which lists the known benchmarks
+
+
+def test_model_path_must_be_given_and_be_a_model_folder(tmp_path):
+    with pytest.raises(ConfigError, match="model_path is required"):
+        build_eval_run(compose_evaluate([]))
+    with pytest.raises(ConfigError, match=r"model_path .* is not a model folder \(no config.json\) nor a run dir"):
+        build_eval_run(compose_evaluate([f"model_path={tmp_path}"]))
 
 
 def test_hub_ids_and_output_dirs_without_loading():
@@ -130,8 +133,6 @@ def test_hub_ids_and_output_dirs_without_loading():
     assert (run.model.source, run.model.hub_id, run.model.dtype) == ("hub", "Qwen/Qwen2.5-Math-1.5B", "bfloat16")
     assert run.output_dir == Path("outputs/eval/Qwen__Qwen2.5-Math-1.5B/eval_math500")
     assert run.eval.n == 4 and run.data.name == "arith"  # eval.data is set: the data group is not read
-    with pytest.raises(ConfigError, match="model_path is required"):
-        build_eval_run(compose_evaluate([]))
     with pytest.raises(ConfigError, match="eval.pass_k"):
         build_eval_run(compose_evaluate(["model_path=a/b", "eval=math500", "eval.pass_k=[1,8]"]))
     with pytest.raises(ConfigError, match="dtype"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 
 import deepspeed
@@ -47,6 +48,26 @@ def _record_grad_norm(engine) -> None:
                                                          max_norm=engine.gradient_clipping(), mpu=engine.mpu))
 
     engine.clip_fp32_gradients = clip_and_record
+
+
+def forward_in_engine(model, fn, *args, **kwargs):
+    """`fn(module, *args, **kwargs)`; for a DeepSpeed engine, run as its module's forward inside `engine(...)`.
+
+    The trainer's differentiable pass calls the decoder and chunks of the output layer itself (vocabulary-sized
+    logits never exist for all tokens at once) instead of the model's forward. DeepSpeed keeps per-micro-batch
+    state in `DeepSpeedEngine.forward` and the hooks it puts on the module and on the outputs: ZeRO's backward
+    bookkeeping and, under ZeRO-3, the micro-step counter without which a micro-batch's gradients overwrite
+    the previous ones instead of adding up. So `fn` stands in for the module's forward for one call.
+    """
+    if not isinstance(model, deepspeed.DeepSpeedEngine):
+        return fn(model, *args, **kwargs)
+    module = model.module
+    # an instance attribute shadows the class's forward; nn.Module.__call__ still runs every hook around it
+    module.forward = functools.partial(fn, module)
+    try:
+        return model(*args, **kwargs)
+    finally:
+        del module.forward
 
 
 def build_reference(model, ds: DeepSpeedConfig, trainer: TrainerConfig, world_size: int):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from tokenpo.config import data_reward_defaults
+from tokenpo.config import data_reward_defaults, validated
 from tokenpo.data import DataConfig, data_config_from_dict
 from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
@@ -96,7 +96,7 @@ def build_eval_run(tree: DictConfig | dict) -> EvalRun:
             raise ConfigError(f"{key} must be an integer >= 0, got {value!r}")
     model = model_config_for(plain.get("model_path"), plain["dtype"], plain["attn_implementation"],
                              plain["trust_remote_code"])
-    eval_cfg = from_dict(EvalConfig, plain["eval"], "eval")
+    eval_cfg = validated(from_dict(EvalConfig, plain["eval"], "eval"))
     output_dir = plain.get("output_dir")
     return EvalRun(
         model=model,

@@ -49,7 +49,7 @@ def evaluate(
     """Returns (metrics, per-problem records on every rank). `reward_pattern` is (answer_pattern, fallback)."""
     rank, world = dist.rank(), dist.world_size()
     mine = examples[rank::world]
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + rank)
+    generator = torch.Generator(device=dist.device()).manual_seed(seed * 1_000_003 + rank)
     records = [{"uid": ex.uid, "problem": ex.problem, "gold": ex.answer} for ex in mine]
     protocols = []
     if cfg.greedy:

@@ -87,7 +87,7 @@ class RunContext:
     def rollout_generator(self, step: int, round_index: int) -> torch.Generator:
         """Sampling randomness depends only on (seed, step, round, rank): a resumed run samples the same."""
         seed = ((self.cfg.seed * 100_003 + step) * 101 + round_index) * 1009 + dist.rank()
-        return torch.Generator().manual_seed(seed)
+        return torch.Generator(device=self.device).manual_seed(seed)
 
     def logprob_temperature(self) -> float:
         """Log-probs and entropy are taken under the sampling temperature (greedy rollouts: 1)."""

@@ -13,6 +13,7 @@ import torch
 
 from tokenpo import algorithms as alg
 from tokenpo.deepspeed import dist
+from tokenpo.deepspeed.engine import forward_in_engine
 from tokenpo.models.logprobs import response_logprobs
 from tokenpo.rewards import CORRECT, GOLD_INVALID, format_reward
 from tokenpo.trainer.batch import group_micro_batches, pad_groups, pad_to
@@ -56,8 +57,8 @@ def group_forward(ctx, model, rollouts: StepRollouts, groups: list[int], *, with
     rows = rows_of(groups, g)
     tokens = pad_groups([rollouts.prompt_ids[i] for i in groups], [rollouts.response_ids[i] for i in rows],
                         ctx.tokenizer.pad_token_id, ctx.device)
-    logp, entropy = response_logprobs(
-        model, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids, tokens.response_mask,
+    logp, entropy = forward_in_engine(
+        model, response_logprobs, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids, tokens.response_mask,
         group_size=g, temperature=ctx.logprob_temperature(), chunk_tokens=ctx.cfg.trainer.logit_chunk_tokens,
         with_entropy=with_entropy, recompute_head=recompute_head)
     return rows, tokens, logp, entropy

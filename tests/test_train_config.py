@@ -19,7 +19,15 @@ REQUIRED_INPUT = {
     ("data", "file"): (["data.path=train.jsonl"], "data.path"),
     ("data", "hub"): (["data.hub_id=org/dataset"], "data.hub_id"),
 }
-OPTIONS = sorted((path.parent.name, path.stem) for path in CONF.glob("*/*.yaml"))
+
+
+def option_name(path: Path) -> tuple[str, str]:
+    """(group, option) as Hydra names them; experiments live in subfolders: experiment=dapo_ladder/2_clip_higher."""
+    group, *option = path.relative_to(CONF).with_suffix("").parts
+    return group, "/".join(option)
+
+
+OPTIONS = sorted(option_name(path) for path in CONF.glob("*/**/*.yaml"))
 
 # a few values per option, written out by hand from the papers / the files' intent
 EXPECTED = {

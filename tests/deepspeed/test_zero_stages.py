@@ -1,0 +1,153 @@
+"""Every ZeRO stage on 2 processes (gloo, CPU) computes the update that one plain PyTorch process computes.
+
+The ranks (zero_ranks.py) apply one update to a fixed rollout batch under each stage, with the whole batch in
+one micro-batch and with gradient accumulation over one-group micro-batches, and export the policy with
+loop.export_hf; the reference is the same trainer code on one process with a plain AdamW engine written here.
+Adam makes the weights nearly blind to a gradient's scale, so the loss and the gradient norm are compared too.
+Then every stage trains 2 full steps with train(): same metrics and final weights whatever the stage.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import zero_ranks
+from multiproc_util import by_step, compose_config, deterministic, read_metrics, run_ranks
+from transformers import AutoModelForCausalLM
+
+from tokenpo.deepspeed.engine import lr_factor
+from tokenpo.models.loading import load_model
+from tokenpo.trainer.loop import RunContext, Timings
+from tokenpo.trainer.update import train_on_rollouts
+
+pytestmark = pytest.mark.multiproc
+
+# float noise: summation order differs between 1 and 2 processes and between micro-batchings; Adam turns it
+# into a few 1e-6 on weights whose gradient nearly cancels (advantages sum to zero within a group)
+WEIGHT_ATOL = 5e-5
+UPDATE_RTOL = 1e-4
+LOSS_ATOL = 1e-6
+NORM_RTOL = 1e-5
+
+
+class PlainEngine:
+    """What DeepSpeed does for one process, in plain PyTorch: AdamW, global-norm clipping, the LR schedule."""
+
+    def __init__(self, model, trainer):
+        self.module = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=trainer.lr, betas=tuple(trainer.adam_betas),
+                                           weight_decay=trainer.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(step, trainer))
+        self.max_grad_norm = trainer.max_grad_norm
+        self.grad_norm = None
+
+    def __getattr__(self, name):
+        # get_decoder / get_output_embeddings: the trainer's forward uses the model's own API
+        return getattr(self.module, name)
+
+    def backward(self, loss, scale_wrt_gas=True):
+        loss.backward()
+
+    def step(self):
+        self.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.max_grad_norm))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def get_global_grad_norm(self):
+        return self.grad_norm
+
+    def get_lr(self):
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+
+def plain_update(micro: str) -> tuple[dict, dict, list]:
+    """(metrics, weights, sample) after the reference update on this process."""
+    cfg, _ = compose_config(zero_ranks.update_overrides("zero0", micro))
+    tokenizer, model = load_model(cfg.model, cfg.seed)
+    reference = copy.deepcopy(model).eval().requires_grad_(False)
+    ctx = RunContext(cfg, Path("."), tokenizer, PlainEngine(model, cfg.trainer), reference, None, None,
+                     torch.device("cpu"))
+    metrics = train_on_rollouts(ctx, zero_ranks.fixed_rollouts(len(tokenizer)), Timings())
+    return metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}, zero_ranks.sample(ctx)
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return {micro: plain_update(micro) for micro in zero_ranks.MICRO}
+
+
+@pytest.fixture(scope="module")
+def initial_weights():
+    cfg, _ = compose_config(zero_ranks.update_overrides("zero0", "whole"))
+    return {k: v.detach().clone() for k, v in load_model(cfg.model, cfg.seed)[1].state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def ranks_out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("zero")
+    run_ranks(Path(zero_ranks.__file__), [str(out)], 2, out / "logs")
+    return out
+
+
+def exported_weights(path: Path) -> dict:
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def assert_same_update(got: dict, want: dict, initial: dict, min_change: float) -> None:
+    assert got.keys() == want.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=WEIGHT_ATOL, msg=key)
+    delta_got = torch.cat([(got[k] - initial[k]).flatten() for k in want])
+    delta_want = torch.cat([(want[k] - initial[k]).flatten() for k in want])
+    assert delta_want.abs().max() > min_change, "the reference update barely moved the weights"
+    assert (delta_got - delta_want).norm() <= UPDATE_RTOL * delta_want.norm()
+
+
+def test_accumulation_matches_one_micro_batch_on_one_process(plain, initial_weights):
+    (whole, whole_w, _), (acc, acc_w, _) = plain["whole"], plain["accumulated"]
+    assert acc["loss"] == pytest.approx(whole["loss"], abs=LOSS_ATOL)
+    assert acc["grad_norm"] == pytest.approx(whole["grad_norm"], rel=NORM_RTOL)
+    assert_same_update(acc_w, whole_w, initial_weights, min_change=1e-3)
+
+
+@pytest.mark.parametrize("micro", list(zero_ranks.MICRO))
+@pytest.mark.parametrize("stage", zero_ranks.STAGES)
+def test_two_ranks_match_one_process(stage, micro, ranks_out, plain, initial_weights):
+    want_metrics, want_weights, want_sample = plain["whole"]
+    report = json.loads((ranks_out / "update" / f"{stage}-{micro}.json").read_text())
+    got = report["metrics"]
+    # 0.5 clipping threshold: the gradient norm is clipped, so a wrong gradient scale would show only here
+    assert want_metrics["grad_norm"] > 0.5
+    assert got["grad_norm"] == pytest.approx(want_metrics["grad_norm"], rel=NORM_RTOL)
+    assert got["loss"] == pytest.approx(want_metrics["loss"], abs=LOSS_ATOL)
+    for key in ("kl/ref", "advantage/abs_mean", "entropy/mean", "lr", "reward/mean"):
+        assert got[key] == pytest.approx(want_metrics[key], rel=1e-5, abs=1e-7), key
+    assert_same_update(exported_weights(ranks_out / "update" / f"{stage}-{micro}"), want_weights, initial_weights,
+                       min_change=1e-3)
+    # generation after the update (under ZeRO-3 with gathered parameters) samples what the plain model samples
+    assert report["sample"] == want_sample
+    sharded = stage.startswith("zero3")
+    assert (report["policy_sharded"], report["reference_sharded"]) == (sharded, sharded)
+
+
+@pytest.mark.parametrize("stage", zero_ranks.STAGES)
+def test_every_stage_trains_two_steps_alike(stage, ranks_out, initial_weights):
+    run = ranks_out / "train" / stage
+    records = by_step(read_metrics(run))
+    assert sorted(records) == [0, 1, 2]
+    baseline = by_step(read_metrics(ranks_out / "train" / "zero0"))
+    for step in (1, 2):
+        got, want = deterministic(records[step]), deterministic(baseline[step])
+        assert got.keys() == want.keys()
+        for key in want:
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (step, key)
+    assert records[1]["grad_norm"] > 0
+    assert_same_update(exported_weights(run / "final"), exported_weights(ranks_out / "train" / "zero0" / "final"),
+                       initial_weights, min_change=1e-3)

@@ -1,0 +1,104 @@
+"""Run by every rank of test_zero_stages.py: `python zero_ranks.py <out_dir>` (RANK / WORLD_SIZE / MASTER_* set).
+
+- `update/<stage>-<micro>/`: the policy after one update on the fixed rollout batch of `fixed_rollouts`
+  (identical on every rank) under each ZeRO stage and micro-batch size, exported with loop.export_hf;
+  `update/<stage>-<micro>.json`: that update's metrics, a sample from ctx.generate (under ZeRO-3 with gathered
+  parameters) and whether the policy and reference parameters are sharded;
+- `train/<stage>/`: two training steps with train() under each ZeRO stage.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from multiproc_util import SMALL, compose_config, train_run
+
+from tokenpo.data import Example
+from tokenpo.deepspeed import dist
+from tokenpo.deepspeed.engine import build_policy_engine, build_reference
+from tokenpo.models.loading import load_model
+from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG
+from tokenpo.rollout.engine import SamplingParams
+from tokenpo.trainer.loop import RunContext, Timings, export_hf
+from tokenpo.trainer.rollouts import StepRollouts
+from tokenpo.trainer.update import train_on_rollouts
+
+STAGES = ("zero0", "zero1", "zero2", "zero3", "zero3_offload")
+# micro-batch sizes (rows): a rank's whole share of a mini-batch in one pass, or one group of 2 per pass
+MICRO = {"whole": 64, "accumulated": 2}
+GROUPS, GROUP_SIZE, MAX_NEW = 8, 2, 8
+# verdicts per group: mixed, all correct (zero advantage), unparsable gold (dropped from the loss), all wrong
+VERDICTS = [[CORRECT, WRONG], [WRONG, CORRECT], [CORRECT, CORRECT], [WRONG, CORRECT],
+            [GOLD_INVALID, GOLD_INVALID], [CORRECT, WRONG], [WRONG, WRONG], [CORRECT, WRONG]]
+SAMPLE_PROMPTS = [[1, 2, 3, 4], [5, 6, 7]]
+
+
+def update_overrides(stage: str, micro: str) -> list[str]:
+    """8 groups in 2 mini-batches (the second one is off-policy, so ratio clipping and the KL term act),
+    gradient clipping active, and a learning rate that moves the weights far above float noise."""
+    return SMALL + [f"deepspeed={stage}", f"data.prompts_per_step={GROUPS}", f"rollout.group_size={GROUP_SIZE}",
+                    "trainer.mini_batches=2", "trainer.max_grad_norm=0.5", "trainer.lr=1e-3",
+                    "trainer.warmup_steps=0", f"trainer.micro_batch_size={MICRO[micro]}"]
+
+
+def fixed_rollouts(vocab_size: int) -> StepRollouts:
+    """A step's batch that depends on nothing but a fixed seed: random prompts and responses of varied lengths."""
+    gen = torch.Generator().manual_seed(1234)
+
+    def tokens(low: int, high: int) -> list[int]:
+        length = int(torch.randint(low, high + 1, (1,), generator=gen))
+        return torch.randint(10, vocab_size, (length,), generator=gen).tolist()
+
+    prompts = [tokens(3, 7) for _ in range(GROUPS)]
+    responses = [tokens(1, MAX_NEW) for _ in range(GROUPS * GROUP_SIZE)]
+    return StepRollouts(
+        examples=[Example(uid=f"fixed-{i}", problem=f"problem {i}", answer=str(i)) for i in range(GROUPS)],
+        prompt_ids=prompts, response_ids=responses, response_text=[""] * len(responses),
+        truncated=[len(r) == MAX_NEW for r in responses], verdicts=[v for group in VERDICTS for v in group],
+        rounds=1, generated_groups=GROUPS, mixed_groups=GROUPS)
+
+
+def sample(ctx) -> list[list[int]]:
+    """Sampled continuations of SAMPLE_PROMPTS with a fixed generator (the same on every rank)."""
+    params = SamplingParams(2, MAX_NEW)
+    return ctx.generate(SAMPLE_PROMPTS, params, torch.Generator().manual_seed(7)).token_ids
+
+
+def is_sharded(module) -> bool:
+    """ZeRO-3: this rank holds a partition, smaller than the model (small tensors may stay whole everywhere)."""
+    params = list(module.parameters())
+    held = sum(p.ds_tensor.numel() for p in params if hasattr(p, "ds_tensor"))
+    return all(hasattr(p, "ds_numel") for p in params) and held < sum(p.ds_numel for p in params)
+
+
+def one_update(stage: str, micro: str, out: Path) -> None:
+    cfg, _ = compose_config(update_overrides(stage, micro))
+    tokenizer, model = load_model(cfg.model, cfg.seed)
+    reference = build_reference(model, cfg.deepspeed, cfg.trainer, dist.world_size())
+    policy = build_policy_engine(model, cfg.deepspeed, cfg.trainer, dist.world_size())
+    ctx = RunContext(cfg, out, tokenizer, policy, reference, None, None, dist.device())
+    metrics = train_on_rollouts(ctx, fixed_rollouts(len(tokenizer)), Timings())
+    tokens = sample(ctx)
+    name = f"{stage}-{micro}"
+    export_hf(policy, tokenizer, out / name, cfg.deepspeed.stage)
+    if dist.is_main():
+        report = {"metrics": metrics, "sample": tokens, "policy_sharded": is_sharded(policy.module),
+                  "reference_sharded": is_sharded(reference)}
+        (out / f"{name}.json").write_text(json.dumps(report))
+
+
+def main(out: Path) -> None:
+    dist.init_distributed("gloo")
+    for stage in STAGES:
+        for micro in MICRO:
+            one_update(stage, micro, out / "update")
+    for stage in STAGES:
+        train_run(out / "train" / stage, SMALL + [f"deepspeed={stage}", "trainer.max_steps=2", "trainer.lr=1e-3",
+                                                  "trainer.warmup_steps=0"])
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
