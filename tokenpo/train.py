@@ -64,8 +64,9 @@ def hydra_main(tree: DictConfig) -> float | None:
     if summary is None:
         return None
     if summary.get("interrupted"):
-        log.warning("stopped by a signal after step %d; checkpoint saved under %s/checkpoints; run the same "
-                    "command with hydra.run.dir=%s to continue", summary["steps"], run_dir, run_dir)
+        # quoted for Hydra: run dirs hold '=' and ',' (the overrides)
+        log.warning("stopped by a signal after step %d; checkpoint saved under %s/checkpoints; to continue, run the "
+                    "same command with \"hydra.run.dir='%s'\"", summary["steps"], run_dir, run_dir)
         # a sweep stops here too
         sys.exit(0)
     before, after = summary["eval_before"], summary["eval_after"]

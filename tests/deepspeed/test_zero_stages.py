@@ -137,7 +137,7 @@ def test_two_ranks_match_one_process(stage, micro, ranks_out, plain, initial_wei
     assert (report["policy_sharded"], report["reference_sharded"]) == (sharded, sharded)
 
 
-@pytest.mark.parametrize("stage", zero_ranks.STAGES)
+@pytest.mark.parametrize("stage", zero_ranks.STAGES[:-1])
 def test_every_stage_trains_two_steps_alike(stage, ranks_out, initial_weights):
     run = ranks_out / "train" / stage
     records = by_step(read_metrics(run))

@@ -4,7 +4,7 @@
   (identical on every rank) under each ZeRO stage and micro-batch size, exported with loop.export_hf;
   `update/<stage>-<micro>.json`: that update's metrics, a sample from ctx.generate (under ZeRO-3 with gathered
   parameters) and whether the policy and reference parameters are sharded;
-- `train/<stage>/`: two training steps with train() under each ZeRO stage.
+- `train/<stage>/`: two training steps with train() under ZeRO 0-3.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def main(out: Path) -> None:
     for stage in STAGES:
         for micro in MICRO:
             one_update(stage, micro, out / "update")
-    for stage in STAGES:
+    # ZeRO-3 offload moves nothing on CPU: its update is compared above, a full run would add only time
+    for stage in STAGES[:-1]:
         train_run(out / "train" / stage, SMALL + [f"deepspeed={stage}", "trainer.max_steps=2", "trainer.lr=1e-3",
                                                   "trainer.warmup_steps=0"])
 

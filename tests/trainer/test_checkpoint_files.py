@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,12 +16,15 @@ from tokenpo.trainer import checkpoint
 class FakeEngine:
     """Writes and reads `state/` like DeepSpeedEngine.save_checkpoint / load_checkpoint (tag folder + client state)."""
 
-    def __init__(self, fail_after_partial: bool = False):
+    def __init__(self, fail_after_partial: bool = False, stage: int = 2):
         self.fail_after_partial = fail_after_partial
-        self.loaded = None
+        self.stage = stage
+
+    def zero_optimization_stage(self):
+        return self.stage
 
     def save_checkpoint(self, save_dir, tag, client_state, save_latest):
-        state = checkpoint.Path(save_dir) / tag
+        state = Path(save_dir) / tag
         state.mkdir(parents=True)
         (state / "part0.pt").write_text("shard")
         if self.fail_after_partial:
@@ -28,8 +32,7 @@ class FakeEngine:
         (state / "client.json").write_text(json.dumps(client_state))
 
     def load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states):
-        state = checkpoint.Path(load_dir) / tag
-        self.loaded = load_dir
+        state = Path(load_dir) / tag
         return load_dir, json.loads((state / "client.json").read_text())
 
 
@@ -39,7 +42,7 @@ def test_save_renames_into_place_and_points_latest(tmp_path):
     assert path == root / "step_000004"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000004"]
     assert json.loads((root / "latest").read_text()) == {"step": 4, "path": "step_000004"}
-    assert json.loads((path / "tokenpo.json").read_text()) == {"step": 4, "world_size": 1}
+    assert json.loads((path / "tokenpo.json").read_text()) == {"step": 4, "world_size": 1, "zero_stage": 2}
     assert (path / "rng_rank0.pt").is_file()
 
 
@@ -57,8 +60,7 @@ def test_killed_save_keeps_previous_checkpoint_resumable(tmp_path):
         checkpoint.save(FakeEngine(fail_after_partial=True), root, 2, {"step": 2}, keep_last=2)
     assert (root / ".tmp-step_000002" / "state" / "part0.pt").is_file()
     assert checkpoint.find_resume_dir("auto", tmp_path) == root / "step_000001"
-    engine = FakeEngine()
-    assert checkpoint.load(engine, checkpoint.find_resume_dir("auto", tmp_path)) == {"step": 1}
+    assert checkpoint.load(FakeEngine(), checkpoint.find_resume_dir("auto", tmp_path)) == {"step": 1}
     # the next save clears the half-written folder
     checkpoint.save(FakeEngine(), root, 2, {"step": 2}, keep_last=2)
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001", "step_000002"]
@@ -81,11 +83,13 @@ def test_find_resume_dir(tmp_path):
         checkpoint.find_resume_dir("auto", tmp_path / "run")
 
 
-def test_load_refuses_another_number_of_processes(tmp_path):
-    path = checkpoint.save(FakeEngine(), tmp_path, 1, {"step": 1}, keep_last=2)
-    (path / "tokenpo.json").write_text(json.dumps({"step": 1, "world_size": 4}))
+def test_load_refuses_another_number_of_processes_or_zero_stage(tmp_path):
+    path = checkpoint.save(FakeEngine(stage=2), tmp_path, 1, {"step": 1}, keep_last=2)
+    with pytest.raises(ConfigError, match="written under ZeRO stage 2; resume it with deepspeed.stage=2, not 3"):
+        checkpoint.load(FakeEngine(stage=3), path)
+    (path / "tokenpo.json").write_text(json.dumps({"step": 1, "world_size": 4, "zero_stage": 2}))
     with pytest.raises(ConfigError, match="written by 4 process\\(es\\); resume it with 4, not 1"):
-        checkpoint.load(FakeEngine(), path)
+        checkpoint.load(FakeEngine(stage=2), path)
 
 
 def test_load_restores_rng_states(tmp_path):

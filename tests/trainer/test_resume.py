@@ -48,7 +48,7 @@ def test_killed_save_left_the_previous_checkpoint_in_use(runs):
     assert json.loads((checkpoints / "latest").read_text()) == {"step": 3, "path": "step_000003"}
     assert not list((checkpoints / "step_000002" / "state").glob("partial_rank*"))
     meta = json.loads((checkpoints / "step_000003" / "tokenpo.json").read_text())
-    assert meta == {"step": 3, "world_size": 2}
+    assert meta == {"step": 3, "world_size": 2, "zero_stage": 3}
     assert sorted(p.name for p in (checkpoints / "step_000003").glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
 
 

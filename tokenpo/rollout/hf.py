@@ -2,6 +2,8 @@
 
 The G samples of a prompt share its prefill: the prompt batch runs once and its KV cache is repeated
 G times, then a plain sampling loop decodes until every row has stopped (or `max_new_tokens`).
+A row that stops leaves the batch (its KV cache rows are dropped), so the decode steps after it only pay
+for the rows still running: most math answers stop well before the length cap.
 """
 
 from __future__ import annotations
@@ -24,17 +26,29 @@ def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
-    """Temperature / nucleus sampling; temperature 0 is greedy."""
+    """Temperature / nucleus sampling; temperature 0 is greedy.
+
+    Inverse-CDF sampling: one uniform number per row against the cumulative probabilities. It draws from
+    the same distribution as torch.multinomial, which on CPU draws an exponential number per vocabulary
+    entry (rows x 49k random numbers per token, about as slow as the model's output layer).
+    """
     if params.temperature == 0:
         return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    logits = logits.float()
+    probs = torch.softmax(logits if params.temperature == 1 else logits / params.temperature, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         # keep the smallest prefix whose mass reaches top_p (the first token always stays)
         drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    cdf = probs.cumsum(-1)
+    total = cdf[:, -1:]
+    uniform = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device)
+    # the first token whose cumulative mass exceeds u * total has non-zero probability; the target stays
+    # below the total even when u * total rounds up to it
+    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
 
 
 @register_engine("hf")
@@ -56,25 +70,29 @@ def generate_hf(model, prompt_ids, params: SamplingParams, pad_id: int, generato
         mask = mask.repeat_interleave(groups, 0)
     rows = logits.shape[0]
     stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=device)
-    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    tokens = torch.full((rows, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
     lengths = torch.zeros(rows, dtype=torch.long, device=device)
+    running = torch.arange(rows, device=device)  # the rows still decoding; `logits`, `mask`, cache follow them
     position = mask.sum(-1)
-    tokens = []
-    for _ in range(params.max_new_tokens):
-        next_ids = sample_next(logits, params, generator).masked_fill(finished, pad_id)
-        tokens.append(next_ids)
-        lengths += (~finished).long()
-        finished |= torch.isin(next_ids, stop)
-        if bool(finished.all()):
+    for step in range(params.max_new_tokens):
+        next_ids = sample_next(logits, params, generator)
+        tokens[running, step] = next_ids
+        lengths[running] += 1
+        going = ~torch.isin(next_ids, stop)
+        if step + 1 == params.max_new_tokens or not bool(going.any()):
             break
-        mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)
+        if not bool(going.all()):
+            keep = going.nonzero().squeeze(-1)
+            running, next_ids, mask, position = running[keep], next_ids[keep], mask[keep], position[keep]
+            cache.batch_select_indices(keep)
+        mask = torch.cat([mask, mask.new_ones(len(running), 1)], dim=1)
         out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position[:, None],
                     past_key_values=cache, use_cache=True)
         position = position + 1
         logits = out.logits[:, -1]
-    generated = torch.stack(tokens, dim=1).tolist()
-    lengths = lengths.tolist()
+    # a row stopped iff its last token is a stop token; the others hit max_new_tokens
+    stopped = torch.isin(tokens.gather(1, (lengths - 1)[:, None]).squeeze(1), stop).tolist()
     return Responses(
-        token_ids=[row[:n] for row, n in zip(generated, lengths)],
-        truncated=[not bool(f) for f in finished.tolist()],
+        token_ids=[row[:n] for row, n in zip(tokens.tolist(), lengths.tolist())],
+        truncated=[not s for s in stopped],
     )

@@ -69,7 +69,8 @@ def save(engine, root: Path, step: int, client_state: dict, keep_last: int) -> P
     torch.save(rng_state(), tmp / f"rng_rank{dist.rank()}.pt")
     _barrier()
     if dist.is_main():
-        (tmp / META).write_text(json.dumps({"step": step, "world_size": dist.world_size()}))
+        meta = {"step": step, "world_size": dist.world_size(), "zero_stage": engine.zero_optimization_stage()}
+        (tmp / META).write_text(json.dumps(meta))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -102,12 +103,15 @@ def find_resume_dir(resume: str, run_dir: Path) -> Path | None:
 
 def load(engine, path: Path) -> dict:
     """Restore the engine (model, optimizer, LR schedule) and this rank's RNG states; return the client state."""
-    meta_file = path / META
-    if meta_file.is_file():
-        saved_world = json.loads(meta_file.read_text())["world_size"]
-        if saved_world != dist.world_size():
-            raise ConfigError(f"checkpoint {path} was written by {saved_world} process(es); resume it with "
-                              f"{saved_world}, not {dist.world_size()}")
+    # DeepSpeed's own errors for these mismatches are far from one line (its universal checkpoint converts)
+    meta = json.loads((path / META).read_text()) if (path / META).is_file() else {}
+    if meta.get("world_size", dist.world_size()) != dist.world_size():
+        raise ConfigError(f"checkpoint {path} was written by {meta['world_size']} process(es); resume it with "
+                          f"{meta['world_size']}, not {dist.world_size()}")
+    stage = engine.zero_optimization_stage()
+    if meta.get("zero_stage", stage) != stage:
+        raise ConfigError(f"checkpoint {path} was written under ZeRO stage {meta['zero_stage']}; resume it with "
+                          f"deepspeed.stage={meta['zero_stage']}, not {stage}")
     load_path, client_state = engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
                                                      load_lr_scheduler_states=True)
     if load_path is None:

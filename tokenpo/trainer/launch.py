@@ -55,7 +55,7 @@ def external_launcher_argv(argv: list[str]) -> list[str]:
         private = tempfile.mkdtemp(prefix="tokenpo-rank-")
         atexit.register(shutil.rmtree, private, True)
         # appended last, so they win over a user's hydra.run.dir / hydra.sweep.dir
-        out += [f"hydra.run.dir={private}", f"hydra.sweep.dir={private}"]
+        out += [f"hydra.run.dir='{private}'", f"hydra.sweep.dir='{private}'"]
     return out
 
 
