@@ -34,6 +34,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="completion length cap")
     p.add_argument("--beta", type=float, default=d.beta, help="KL coefficient (0: no reference model)")
     p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate")
+    p.add_argument("--micro-batch-size", type=int, default=d.micro_batch_size,
+                   help="sequences per forward/backward pass, both frameworks (a multiple of G)")
     p.add_argument("--steps", type=int, default=d.steps, help="steps per run, the first one is warm-up")
     p.add_argument("--threads", type=int, default=d.threads, help="torch intra-op threads per process")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -108,6 +110,7 @@ def table(report: dict) -> str:
         values = [report[f]["median_step_s"] if key == "median_step_s" else report[f]["phases_s"][key]
                   for f in frameworks]
         lines.append(label.ljust(20) + "".join(f"{v:10.2f}" for v in values))
+    lines.append("step CPU s (median)".ljust(20) + "".join(f"{report[f]['median_step_cpu_s']:10.2f}" for f in frameworks))
     lines.append("peak RSS (MB)".ljust(20) + "".join(f"{report[f]['peak_rss_mb']:10.0f}" for f in frameworks))
     lines.append("completion tok/s".ljust(20) + "".join(f"{report[f]['completion_tokens_per_s']:10.1f}"
                                                        for f in frameworks))
@@ -119,7 +122,8 @@ def table(report: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     settings = BenchSettings(model=args.model, prompts=args.prompts, group_size=args.group_size,
-                             max_new_tokens=args.max_new_tokens, beta=args.beta, lr=args.lr, steps=args.steps,
+                             max_new_tokens=args.max_new_tokens, beta=args.beta, lr=args.lr,
+                             micro_batch_size=args.micro_batch_size, steps=args.steps,
                              threads=args.threads, seed=args.seed, overrides=tuple(args.override))
     try:
         report = benchmark(settings, args.vs_trl, args.rounds)

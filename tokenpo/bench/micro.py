@@ -1,10 +1,10 @@
-"""Micro-benchmarks behind docs/performance.md: matmul peak, tokenpo's log-prob pass vs the plain one, AdamW kinds.
+"""Micro-benchmarks behind docs/performance.md: matmul peak, log-prob pass, sampling, AdamW kinds.
 
     python -m tokenpo.bench.micro --prompts 8 --group-size 4 --max-new-tokens 32 --threads 2
 
 The plain log-prob pass is what TRL does: every (prompt + completion) row through the whole model, the
-full-vocabulary logits of every position, log-softmax, gather. Completions are random tokens of the full
-length (no early stops), so both passes see exactly the same shapes.
+full-vocabulary logits of every position, log-softmax, gather. Both passes score the same completions,
+sampled by tokenpo's rollout engine from the step's prompts (so their lengths are the real ones).
 """
 
 from __future__ import annotations
@@ -51,21 +51,33 @@ def plain_response_logprobs(model, prompt_ids, prompt_mask, response_ids, respon
     return logp.gather(-1, response_ids[..., None]).squeeze(-1) * response_mask
 
 
-def logprob_timings(settings: BenchSettings, repeats: int = 2) -> dict:
-    """Seconds of tokenpo's response_logprobs vs the plain pass, no-grad (reference) and forward+backward."""
-    from tokenpo.evaluation.benchmark import prompt_token_ids
+def step_rollout(settings: BenchSettings):
+    """(model, tokenizer, cfg, prompt ids, responses) of step 1's prompts, sampled like the trainer does."""
+    from tokenpo.evaluation.benchmark import prompt_token_ids, stop_token_ids
     from tokenpo.models.loading import load_model
-    from tokenpo.models.logprobs import response_logprobs
-    from tokenpo.trainer.batch import pad_groups
+    from tokenpo.rollout.engine import SamplingParams
+    from tokenpo.rollout.hf import generate_hf
 
     cfg, _ = train_config(settings)
     tokenizer, model = load_model(cfg.model, cfg.seed)
-    examples = step_examples(cfg, 1)[0]
-    prompts = [prompt_token_ids(e.problem, tokenizer, cfg.data.template) for e in examples]
-    generator = torch.Generator().manual_seed(settings.seed)
-    responses = torch.randint(0, len(tokenizer), (len(prompts) * settings.group_size, settings.max_new_tokens),
-                              generator=generator).tolist()
-    t = pad_groups(prompts, responses, tokenizer.pad_token_id, torch.device("cpu"))
+    prompts = [prompt_token_ids(e.problem, tokenizer, cfg.data.template) for e in step_examples(cfg, 1)[0]]
+    r = cfg.rollout
+    params = SamplingParams(r.group_size, r.max_new_tokens, r.temperature, r.top_p,
+                            stop_token_ids(tokenizer, r.eos_tokens), r.share_prefill)
+    out = generate_hf(model, prompts, params, tokenizer.pad_token_id, torch.Generator().manual_seed(settings.seed))
+    return model, tokenizer, cfg, prompts, out.token_ids
+
+
+def logprob_timings(settings: BenchSettings, repeats: int = 2) -> dict:
+    """Seconds of tokenpo's response_logprobs vs the plain pass on one micro-batch of real rollouts:
+    no-grad (the reference pass) and forward + backward (the update)."""
+    from tokenpo.models.logprobs import response_logprobs
+    from tokenpo.trainer.batch import pad_groups
+
+    model, tokenizer, cfg, prompts, responses = step_rollout(settings)
+    groups = settings.sequences_per_pass // settings.group_size
+    t = pad_groups(prompts[:groups], responses[: groups * settings.group_size], tokenizer.pad_token_id,
+                   torch.device("cpu"))
     args = (model, t.prompt_ids, t.prompt_mask, t.response_ids, t.response_mask)
 
     def tokenpo_pass():
@@ -86,13 +98,29 @@ def logprob_timings(settings: BenchSettings, repeats: int = 2) -> dict:
             model.zero_grad(set_to_none=True)
         return run
 
-    out = {"prompt_tokens": int(t.prompt_mask.sum()), "completion_tokens": int(t.response_mask.sum())}
+    out = {"prompt_tokens": int(t.prompt_mask.sum()), "completion_tokens": int(t.response_mask.sum()),
+           "padded_completion_tokens": t.response_mask.numel()}
     for name, fn in (("tokenpo", tokenpo_pass), ("plain", plain_pass)):
         out[f"{name}_no_grad_s"] = best_of(no_grad(fn), repeats)
         out[f"{name}_forward_backward_s"] = best_of(with_backward(fn), repeats)
     with torch.no_grad():
         out["max_abs_diff"] = float((tokenpo_pass() - plain_pass()).abs().max())
     return out
+
+
+def sampling_timings(settings: BenchSettings, vocab: int = 49152, repeats: int = 5) -> dict:
+    """Seconds to sample one token for prompts x G rows: tokenpo's inverse CDF vs torch.multinomial."""
+    from tokenpo.rollout.engine import SamplingParams
+    from tokenpo.rollout.hf import sample_next
+
+    logits = torch.randn(settings.prompts * settings.group_size, vocab)
+    generator = torch.Generator().manual_seed(0)
+    params = SamplingParams(settings.group_size, 1)
+    return {
+        "inverse_cdf_s": best_of(lambda: sample_next(logits, params, generator), repeats),
+        "multinomial_s": best_of(lambda: torch.multinomial(torch.softmax(logits, -1), 1, generator=generator),
+                                 repeats),
+    }
 
 
 def adamw_timings(settings: BenchSettings, repeats: int = 3) -> dict:
@@ -118,19 +146,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--only", choices=("matmul", "logprobs", "adamw"), action="append",
+    p.add_argument("--only", choices=("matmul", "logprobs", "sampling", "adamw"), action="append",
                    help="run only these parts (repeatable; default: all)")
     args = p.parse_args(argv)
     settings = BenchSettings(model=args.model, prompts=args.prompts, group_size=args.group_size,
                              max_new_tokens=args.max_new_tokens, threads=args.threads)
     settings.validate()
     torch.set_num_threads(args.threads)
-    parts = args.only or ["matmul", "logprobs", "adamw"]
+    parts = args.only or ["matmul", "logprobs", "sampling", "adamw"]
     out = {"settings": settings.to_dict()}
     if "matmul" in parts:
         out["matmul_gflops_per_s"] = {f"{n}_threads": matmul_gflops(n) for n in range(1, args.threads + 1)}
     if "logprobs" in parts:
         out["logprobs"] = logprob_timings(settings)
+    if "sampling" in parts:
+        out["sampling"] = sampling_timings(settings)
     if "adamw" in parts:
         out["adamw"] = adamw_timings(settings)
     print(json.dumps(out, indent=1))

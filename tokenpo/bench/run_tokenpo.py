@@ -34,11 +34,13 @@ def timed(fn, totals: dict, key: str):
 
 @contextlib.contextmanager
 def instrumented_trainer(per_step: list[dict], shape: dict):
-    """Within: each step appends its backward/optimizer seconds and token counts to `per_step`."""
+    """Within: each step appends its backward/optimizer seconds, the process's CPU seconds (all threads; on a
+    busy machine the steadier measure at one thread) and token counts to `per_step`."""
     from tokenpo.trainer import loop
 
-    build_engine, train_step = loop.build_policy_engine, loop.train_on_rollouts
+    build_engine, collect, train_step = loop.build_policy_engine, loop.collect_rollouts, loop.train_on_rollouts
     totals = {"backward": 0.0, "optimizer": 0.0}
+    cpu_start = {}
 
     def build_policy_engine(model, *args, **kwargs):
         shape.update(model_shape(model))
@@ -47,18 +49,28 @@ def instrumented_trainer(per_step: list[dict], shape: dict):
         engine.step = timed(engine.step, totals, "optimizer")
         return engine
 
+    def collect_rollouts(ctx, step):
+        cpu_start["step"] = time.process_time()
+        return collect(ctx, step)
+
     def train_on_rollouts(ctx, rollouts, timings):
         totals.update(backward=0.0, optimizer=0.0)
         metrics = train_step(ctx, rollouts, timings)
-        per_step.append({**totals, "completion_tokens": sum(len(r) for r in rollouts.response_ids),
+        per_step.append({**totals, "step_cpu_s": time.process_time() - cpu_start["step"],
+                         "completion_tokens": sum(len(r) for r in rollouts.response_ids),
                          "prompt_tokens": sum(len(p) for p in rollouts.prompt_ids)})
         return metrics
 
-    loop.build_policy_engine, loop.train_on_rollouts = build_policy_engine, train_on_rollouts
+    patched = {"build_policy_engine": build_policy_engine, "collect_rollouts": collect_rollouts,
+               "train_on_rollouts": train_on_rollouts}
+    originals = {name: getattr(loop, name) for name in patched}
+    for name, fn in patched.items():
+        setattr(loop, name, fn)
     try:
         yield
     finally:
-        loop.build_policy_engine, loop.train_on_rollouts = build_engine, train_step
+        for name, fn in originals.items():
+            setattr(loop, name, fn)
 
 
 def run_tokenpo(s: BenchSettings) -> dict:

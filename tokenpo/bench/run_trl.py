@@ -105,7 +105,7 @@ def instrument(trainer, steps: list[dict]):
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
             totals.clear()
-            marks["step"] = time.perf_counter()
+            marks["step"], marks["cpu"] = time.perf_counter(), time.process_time()
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             marks["optimizer"] = time.perf_counter()
@@ -114,7 +114,7 @@ def instrument(trainer, steps: list[dict]):
             totals["optimizer"] += time.perf_counter() - marks["optimizer"]
 
         def on_step_end(self, args, state, control, **kwargs):
-            step = {"step_s": time.perf_counter() - marks["step"]}
+            step = {"step_s": time.perf_counter() - marks["step"], "step_cpu_s": time.process_time() - marks["cpu"]}
             for key in ("generate", "reward", "reference", "old_logprob", "backward", "optimizer",
                         "completion_tokens", "prompt_tokens"):
                 step[key] = totals.get(key, 0.0)
@@ -143,15 +143,18 @@ def run_trl(s: BenchSettings) -> dict:
     check_same_prompt_ids(batches[0], tokenizer, template)
     rows = [{"prompt": chat_messages(e.problem, template), "answer": e.answer} for batch in batches for e in batch]
     steps: list[dict] = []
+    accumulation = s.prompts * s.group_size // s.sequences_per_pass
     with tempfile.TemporaryDirectory(prefix="tokenpo-bench-trl-") as tmp:
         source = pretrained_dir(cfg, tokenizer, model, tmp)
         del model
         args = GRPOConfig(
             output_dir=tmp, use_cpu=True, seed=s.seed, max_steps=s.steps, report_to="none", logging_steps=1,
             save_strategy="no", eval_strategy="no", disable_tqdm=True,
-            # one step = one generation batch of prompts x G, one optimizer update on all of it
-            per_device_train_batch_size=s.prompts * s.group_size, gradient_accumulation_steps=1,
-            steps_per_generation=1, num_iterations=1, num_generations=s.group_size, shuffle_dataset=False,
+            # one step = one generation batch of prompts x G, one optimizer update on all of it, accumulated
+            # over micro-batches of the same size as tokenpo's
+            per_device_train_batch_size=s.sequences_per_pass, gradient_accumulation_steps=accumulation,
+            steps_per_generation=accumulation, num_iterations=1, num_generations=s.group_size,
+            shuffle_dataset=False,
             max_completion_length=s.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
             beta=s.beta, learning_rate=s.lr, optim="adamw_torch", lr_scheduler_type="constant", warmup_steps=0,
             weight_decay=cfg.trainer.weight_decay, max_grad_norm=cfg.trainer.max_grad_norm,

@@ -17,6 +17,9 @@ class BenchSettings:
     max_new_tokens: int = 32
     beta: float = 0.04
     lr: float = 1e-5
+    # sequences per forward/backward pass in both frameworks (tokenpo trainer.micro_batch_size, TRL
+    # per_device_train_batch_size with gradient accumulation up to prompts x G: still one update per step)
+    micro_batch_size: int = 32
     # RL steps per framework run; the first is warm-up and is not counted
     steps: int = 4
     threads: int = 2
@@ -33,6 +36,10 @@ class BenchSettings:
         # TRL's GRPO refuses groups of one (no group advantage)
         if self.group_size < 2:
             raise ConfigError(f"bench --group-size must be >= 2, got {self.group_size}")
+        rows, per_pass = self.prompts * self.group_size, self.sequences_per_pass
+        if per_pass % self.group_size or rows % per_pass:
+            raise ConfigError(f"bench --micro-batch-size must be a multiple of --group-size={self.group_size} that "
+                              f"divides prompts x group size = {rows} (or >= it), got {self.micro_batch_size}")
         if self.steps < 2:
             raise ConfigError(f"bench --steps must be >= 2 (the first step is warm-up), got {self.steps}")
         if self.beta < 0 or not self.lr > 0:
@@ -40,6 +47,11 @@ class BenchSettings:
         bad = [o for o in self.overrides if "=" not in o]
         if bad:
             raise ConfigError(f"bench --override takes key=value, got {bad[0]!r}")
+
+    @property
+    def sequences_per_pass(self) -> int:
+        """Sequences per forward/backward pass: the micro-batch, at most one step's prompts x G."""
+        return min(self.micro_batch_size, self.prompts * self.group_size)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -67,6 +79,7 @@ def hydra_overrides(s: BenchSettings) -> list[str]:
         "trainer.warmup_steps=0",
         "trainer.lr_schedule=constant",
         f"trainer.max_steps={s.steps}",
+        f"trainer.micro_batch_size={s.sequences_per_pass}",
         f"trainer.threads={s.threads}",
         "trainer.print_samples=0",
         "trainer.save_every=0",

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import resource
 import statistics
+import threading
+
+import psutil
 
 # Seconds per step spent in each phase. `update` is everything after the reference pass: policy forward,
 # loss, backward and optimizer step; the last three are split out as `policy_forward` (forward + loss),
@@ -32,11 +35,44 @@ def forward_flops(prompt_tokens: int, completion_tokens: int, shape: dict) -> fl
     return decoder + head
 
 
-def peak_rss_mb() -> dict:
-    """Peak resident memory of this process and of its largest finished child (Linux reports KiB)."""
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    return {"process": round(own, 1), "largest_child": round(children, 1), "total": round(own + children, 1)}
+class PeakMemory:
+    """Peak resident memory of this process tree while inside `with`, in MB.
+
+    `process`: this process's own peak (getrusage, exact). `tree`: the largest sum of RSS over this process and
+    all its children (tokenpo's reward workers), sampled every `interval_s`; pages shared between processes
+    count once per process, so it errs high. `total` = the larger of the two.
+    """
+
+    def __init__(self, interval_s: float = 0.1):
+        self.interval_s = interval_s
+        self.tree_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for proc in [me, *me.children(recursive=True)]:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.Error:  # a child that just exited
+                    pass
+            self.tree_bytes = max(self.tree_bytes, total)
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def report(self) -> dict:
+        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+        tree = self.tree_bytes / 2**20
+        return {"process": round(own, 1), "tree": round(tree, 1), "total": round(max(own, tree), 1)}
 
 
 def summarise(runs: list[dict], shape: dict, warmup_steps: int = 1) -> dict:
@@ -57,6 +93,8 @@ def summarise(runs: list[dict], shape: dict, warmup_steps: int = 1) -> dict:
     return {
         "median_step_s": statistics.median(step_s),
         "step_s": step_s,
+        # CPU seconds of the framework's process (all its threads) per step
+        "median_step_cpu_s": statistics.median(s["step_cpu_s"] for s in measured),
         "phases_s": {p: statistics.median(s[p] for s in measured) for p in PHASES},
         "completion_tokens_per_s": tokens / sum(step_s),
         "completion_tokens_per_step": tokens / len(measured),

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from tokenpo.bench.settings import BenchSettings
-from tokenpo.bench.stats import peak_rss_mb
+from tokenpo.bench.stats import PeakMemory
 
 FRAMEWORKS = ("tokenpo", "trl")
 
@@ -24,15 +24,16 @@ def run(framework: str, settings: BenchSettings) -> dict:
     settings.validate()
     torch.set_num_threads(settings.threads)
     load_start = os.getloadavg()
-    if framework == "tokenpo":
-        from tokenpo.bench.run_tokenpo import run_tokenpo
+    with PeakMemory() as memory:
+        if framework == "tokenpo":
+            from tokenpo.bench.run_tokenpo import run_tokenpo
 
-        result = run_tokenpo(settings)
-    else:
-        from tokenpo.bench.run_trl import run_trl
+            result = run_tokenpo(settings)
+        else:
+            from tokenpo.bench.run_trl import run_trl
 
-        result = run_trl(settings)
-    result.update(framework=framework, threads_used=torch.get_num_threads(), peak_rss_mb=peak_rss_mb(),
+            result = run_trl(settings)
+    result.update(framework=framework, threads_used=torch.get_num_threads(), peak_rss_mb=memory.report(),
                   load_avg={"start": list(load_start), "end": list(os.getloadavg())})
     return result
 

@@ -1,8 +1,11 @@
 """Log-probs and entropy of response tokens in one chunked pass.
 
-Two savings over pushing every (prompt + response) row through the whole model:
-- each prompt runs once per group and its KV cache is repeated for its G responses (the prompt is
-  usually most of the tokens at small G x short answers); gradients flow through the shared prompt;
+Three savings over pushing every (prompt + response) row through the whole model (docs/performance.md):
+- each prompt runs once per group and its KV cache serves its G responses (the prompt is usually most of
+  the tokens at small G x short answers); gradients flow through the shared prompt;
+- responses run in buckets of similar length, so a 9-token answer is not padded to the 128 tokens of the
+  longest one (at 8 x 8 x 128 on arithmetic, padding was ~60% of the tokens); the last response token,
+  which predicts nothing, is not run at all;
 - the output layer, log-softmax and entropy run only on real response positions, `chunk_tokens` rows at
   a time, so a full-vocabulary fp32 tensor is never materialised for the whole batch.
 """
@@ -35,35 +38,93 @@ def _chunk_logp(head, hidden, targets, temperature):
     return _head_logp(head, hidden, targets, temperature)[0]
 
 
-def response_hidden_states(model, prompt_ids, prompt_mask, response_ids, response_mask, group_size: int):
-    """Hidden states [B, T, H] that predict each response token (B = prompts x group_size).
+def length_buckets(lengths: list[int], overhead_tokens: int = 32) -> list[list[int]]:
+    """Rows (length > 0) split into buckets of similar length; each bucket is padded to its own longest row.
 
-    Prompts [B/G, P] are left-padded, responses [B, T] right-padded. The prompt pass is shared by the G
-    responses of its group through a repeated KV cache, unless the model recomputes activations
-    (gradient checkpointing cannot run with a cache), in which case prompts are repeated instead.
+    Rows are sorted by length and cut where it minimises the padded tokens plus `overhead_tokens` per bucket
+    (a decoder call costs about that much whatever its size): an exact dynamic program over the sorted order.
     """
-    decoder = model.get_decoder()
-    if getattr(model, "is_gradient_checkpointing", False) and torch.is_grad_enabled():
-        prompt_ids = prompt_ids.repeat_interleave(group_size, 0)
-        prompt_mask = prompt_mask.repeat_interleave(group_size, 0)
-        mask = torch.cat([prompt_mask, response_mask.long()], 1)
-        hidden = decoder(input_ids=torch.cat([prompt_ids, response_ids], 1), attention_mask=mask,
-                         position_ids=position_ids_from_mask(mask), use_cache=False).last_hidden_state
-        return hidden[:, prompt_ids.shape[1] - 1 : -1]
+    order = sorted((row for row, n in enumerate(lengths) if n > 0), key=lambda row: lengths[row])
+    best, cut = [0] + [float("inf")] * len(order), [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        for start in range(end):
+            cost = best[start] + (end - start) * lengths[order[end - 1]] + overhead_tokens
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    buckets, end = [], len(order)
+    while end > 0:
+        buckets.append(order[cut[end] : end])
+        end = cut[end]
+    return buckets[::-1]
+
+
+def _repeated_prompt_hidden(model, prompt_ids, prompt_mask, response_ids, response_mask, group_size: int):
+    """Hidden states [B, T, H] predicting each response token, every prompt repeated G times in one pass
+    (gradient checkpointing recomputes activations and cannot run with a KV cache)."""
+    prompt_ids = prompt_ids.repeat_interleave(group_size, 0)
+    prompt_mask = prompt_mask.repeat_interleave(group_size, 0)
+    mask = torch.cat([prompt_mask, response_mask.long()], 1)
+    hidden = model.get_decoder()(input_ids=torch.cat([prompt_ids, response_ids], 1), attention_mask=mask,
+                                 position_ids=position_ids_from_mask(mask), use_cache=False).last_hidden_state
+    return hidden[:, prompt_ids.shape[1] - 1 : -1]
+
+
+def _bucket_hidden(decoder, prompt_last, prompt_kv, prompt_mask, response_embeds, response_mask, rows,
+                   length: int):
+    """Hidden states [rows, length, H] predicting response tokens 0..length-1 of `rows` (row indices of
+    their groups' prompt pass: `prompt_last`, `prompt_kv`, `prompt_mask` are already indexed per row)."""
+    if length == 1:
+        return prompt_last[:, None]
     cache = DynamicCache()
-    prompt_hidden = decoder(input_ids=prompt_ids, attention_mask=prompt_mask,
-                            position_ids=position_ids_from_mask(prompt_mask), past_key_values=cache,
-                            use_cache=True).last_hidden_state[:, -1:]
-    if group_size > 1:
-        cache.batch_repeat_interleave(group_size)
-        prompt_hidden = prompt_hidden.repeat_interleave(group_size, 0)
-        prompt_mask = prompt_mask.repeat_interleave(group_size, 0)
-    resp_len = response_ids.shape[1]
-    positions = prompt_mask.sum(-1, keepdim=True) + torch.arange(resp_len, device=prompt_mask.device)
-    response_hidden = decoder(input_ids=response_ids, attention_mask=torch.cat([prompt_mask, response_mask.long()], 1),
-                              position_ids=positions, past_key_values=cache, use_cache=True).last_hidden_state
+    for layer, (keys, values) in enumerate(prompt_kv):
+        cache.update(keys, values, layer)
+    # the last response token predicts nothing: the decoder runs on tokens 0..length-2 only
+    mask = torch.cat([prompt_mask, response_mask[rows, : length - 1].long()], 1)
+    positions = prompt_mask.sum(-1, keepdim=True) + torch.arange(length - 1, device=prompt_mask.device)
+    hidden = decoder(inputs_embeds=response_embeds[rows, : length - 1], attention_mask=mask, position_ids=positions,
+                     past_key_values=cache, use_cache=True).last_hidden_state
     # the last prompt position predicts response token 0; response position t predicts token t + 1
-    return torch.cat([prompt_hidden, response_hidden[:, :-1]], 1)
+    return torch.cat([prompt_last[:, None], hidden], 1)
+
+
+def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, response_mask, group_size: int):
+    """(hidden [N, H], rows [N], cols [N]): the hidden state predicting each real response token (row, col).
+
+    Prompts [B/G, P] are left-padded, responses [B, T] right-padded. Each prompt runs once and its KV cache
+    serves its G responses; gradients flow back through the shared prompt. Responses run in buckets of
+    similar length (length_buckets), so short answers are not padded to the longest one of the batch.
+    """
+    if getattr(model, "is_gradient_checkpointing", False) and torch.is_grad_enabled():
+        hidden = _repeated_prompt_hidden(model, prompt_ids, prompt_mask, response_ids, response_mask, group_size)
+        rows, cols = response_mask.bool().nonzero(as_tuple=True)
+        return hidden[rows, cols], rows, cols
+    decoder = model.get_decoder()
+    cache = DynamicCache()
+    prompt_last = decoder(input_ids=prompt_ids, attention_mask=prompt_mask,
+                          position_ids=position_ids_from_mask(prompt_mask), past_key_values=cache,
+                          use_cache=True).last_hidden_state[:, -1]
+    prompt_kv = [(keys, values) for keys, values, *_ in cache]
+    # embedded once for all buckets: each embedding lookup's backward writes a vocabulary-sized gradient
+    response_embeds = model.get_input_embeddings()(response_ids)
+    real = response_mask.bool()
+    # a row's length is its last real position + 1
+    lengths = (real * torch.arange(1, real.shape[1] + 1, device=real.device)).amax(1).tolist()
+    hidden_parts, row_parts, col_parts = [], [], []
+    for bucket in length_buckets(lengths):
+        length = max(lengths[row] for row in bucket)
+        rows = torch.tensor(bucket, device=real.device)
+        groups = rows // group_size
+        hidden = _bucket_hidden(decoder, prompt_last[groups], [(k[groups], v[groups]) for k, v in prompt_kv],
+                                prompt_mask[groups], response_embeds, response_mask, rows, length)
+        where = real[rows, :length]
+        bucket_rows, cols = where.nonzero(as_tuple=True)
+        hidden_parts.append(hidden[bucket_rows, cols])
+        row_parts.append(rows[bucket_rows])
+        col_parts.append(cols)
+    if not hidden_parts:
+        empty = response_ids.new_zeros(0)
+        return prompt_last.new_zeros(0, prompt_last.shape[-1]), empty, empty
+    return torch.cat(hidden_parts), torch.cat(row_parts), torch.cat(col_parts)
 
 
 def response_logprobs(
@@ -85,10 +146,9 @@ def response_logprobs(
     `recompute_head` re-runs each head chunk in the backward pass instead of keeping its logits
     (about 1/3 more head FLOPs for O(chunk) instead of O(tokens x vocab) memory; for 150k vocabularies).
     """
-    hidden = response_hidden_states(model, prompt_ids, prompt_mask, response_ids, response_mask, group_size)
-    where = response_mask.bool()
-    flat_hidden = hidden[where]
-    flat_targets = response_ids[where]
+    flat_hidden, rows, cols = response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids,
+                                                           response_mask, group_size)
+    flat_targets = response_ids[rows, cols]
     head = model.get_output_embeddings()
     logp_chunks, entropy_chunks = [], []
     for lo in range(0, flat_hidden.shape[0], chunk_tokens):
@@ -103,12 +163,12 @@ def response_logprobs(
         logp_chunks.append(logp)
         if with_entropy:
             entropy_chunks.append(token_entropy(logits.detach()))
-    logp = torch.zeros(response_mask.shape, dtype=torch.float32, device=hidden.device)
+    logp = torch.zeros(response_mask.shape, dtype=torch.float32, device=flat_hidden.device)
     if logp_chunks:
-        logp = logp.masked_scatter(where, torch.cat(logp_chunks))
+        logp = logp.index_put((rows, cols), torch.cat(logp_chunks))
     entropy = None
     if with_entropy:
-        entropy = torch.zeros(response_mask.shape, dtype=torch.float32, device=hidden.device)
+        entropy = torch.zeros(response_mask.shape, dtype=torch.float32, device=flat_hidden.device)
         if entropy_chunks:
-            entropy[where] = torch.cat(entropy_chunks)
+            entropy[rows, cols] = torch.cat(entropy_chunks)
     return logp, entropy
