@@ -42,7 +42,8 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
         drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    cdf = probs.cumsum(-1)
+    # float64: in float32 a token below half an ulp of the running sum (~3e-8) would get no width at all
+    cdf = probs.double().cumsum(-1)
     total = cdf[:, -1:]
     uniform = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device)
     # the first token whose cumulative mass exceeds u * total has non-zero probability; the target stays
