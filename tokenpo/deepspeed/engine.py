@@ -29,8 +29,9 @@ def lr_factor(step: int, cfg: TrainerConfig) -> float:
 
 def build_policy_engine(model, ds: DeepSpeedConfig, trainer: TrainerConfig, world_size: int):
     params = [p for p in model.parameters() if p.requires_grad]
+    # fused: the same AdamW update in one kernel (5x faster than the default loop on CPU, docs/performance.md)
     optimizer = torch.optim.AdamW(params, lr=trainer.lr, betas=tuple(trainer.adam_betas),
-                                  weight_decay=trainer.weight_decay)
+                                  weight_decay=trainer.weight_decay, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, trainer))
     config = engine_json(ds, micro_batch_size=trainer.micro_batch_size, world_size=world_size,
                          max_grad_norm=trainer.max_grad_norm)
