@@ -11,7 +11,6 @@ import hashlib
 import importlib.util
 import logging
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -135,9 +134,3 @@ def load_model(cfg: ModelConfig, seed: int = 0):
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return tokenizer, model
 
-
-def copy_tokenizer_files(source_dir: str, target_dir: str) -> None:
-    """Copy tokenizer files next to an exported checkpoint (used when only weights were saved)."""
-    for name in os.listdir(source_dir):
-        if name.startswith("tokenizer") or name in ("special_tokens_map.json", "chat_template.jinja"):
-            shutil.copy2(os.path.join(source_dir, name), target_dir)
