@@ -8,6 +8,7 @@ from pathlib import Path
 
 import matplotlib
 from matplotlib.figure import Figure  # a bare Figure renders PNGs with Agg, without pyplot's global state
+from matplotlib.ticker import MaxNLocator
 
 from tokenpo.compare.runs import Run
 from tokenpo.compare.stats import align_on_step, interpolate_on_grid, reduce_band, series
@@ -44,12 +45,37 @@ FIGURES = (
 )
 
 
+# per-benchmark score metrics (tokenpo.evaluation.metrics); diagnostics (eval/<bench>/no_answer_frac...) are not drawn
+BENCH_SCORE = re.compile(r"(greedy/accuracy|mean@\d+|pass@\d+|maj@\d+)")
+
+
+def _score_order(score: str) -> tuple[str, int]:
+    """pass@2 before pass@16: name, then k as a number."""
+    name, _, k = score.partition("@")
+    return name, int(k) if k else 0
+
+
 def bench_figures(keys: set[str]) -> list[FigureSpec]:
-    """One figure per per-benchmark eval key 'eval/<bench>/<metric>'."""
-    return [
-        FigureSpec(re.sub(r"[^A-Za-z0-9]+", "_", key), key, (key,))
-        for key in sorted(keys) if key.startswith("eval/") and key.count("/") >= 2
-    ]
+    """One figure per benchmark with a panel per score metric 'eval/<bench>/<score>'.
+
+    eval/<bench>/accuracy is always an alias of greedy/accuracy (or mean@n without greedy) and is not drawn; with a
+    single benchmark that alias is also eval/accuracy, so its source metric is left to the eval_accuracy figure.
+    """
+    scores: dict[str, list[str]] = {}
+    for key in keys:
+        parts = key.split("/", 2)
+        if len(parts) == 3 and parts[0] == "eval" and BENCH_SCORE.fullmatch(parts[2]):
+            scores.setdefault(parts[1], []).append(parts[2])
+    specs = []
+    for bench, names in sorted(scores.items()):
+        if len(scores) == 1:
+            means = [name for name in names if name.startswith("mean@")]
+            headline = "greedy/accuracy" if "greedy/accuracy" in names else (means or [None])[0]
+            names = [name for name in names if name != headline]
+        if names:
+            panels = tuple(f"eval/{bench}/{name}" for name in sorted(names, key=_score_order))
+            specs.append(FigureSpec(f"eval_{re.sub(r'[^A-Za-z0-9]+', '_', bench)}", f"Eval {bench}", panels))
+    return specs
 
 
 def group_colours(labels) -> dict[str, str]:
@@ -84,12 +110,15 @@ def plot_figure(
             axes.fill_between(xs, low, high, color=colours[label], alpha=0.2, linewidth=0)
             legend.setdefault(f"{label} (n={len(runs_series)})", line)
         axes.set(xlabel=x_label, ylabel=axis_label(key))
+        if x_axis == "step":
+            axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # no 1.5-step ticks on short runs
         if len(spec.panels) > 1:
             axes.set_title(key)
         axes.grid(True, alpha=0.3)
     if not legend:
         return False
-    figure.suptitle(f"{spec.title} vs {x_label}")
+    # left-aligned so a long title does not run under the legend at the upper right
+    figure.suptitle(f"{spec.title} vs {x_label}", x=0.01, ha="left")
     figure.legend(list(legend.values()), list(legend), loc="outside right upper", title=f"group (band: {band})")
     figure.savefig(path, dpi=110)
     return True
