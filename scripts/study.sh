@@ -3,12 +3,12 @@
 # (figures + table into docs/study/). Wall time on 2 cores: see docs/results.md. Two policy updates per
 # rollout (trainer.mini_batches=2) so ratios, clipping and the TEPO mask act; at most 2 generation rounds
 # for dynamic sampling to bound the CPU time.
-#   STUDY_STEPS (default 4) training steps per run; STUDY_DIR (default outputs/study) the multirun folder.
+#   STUDY_STEPS (default 6) training steps per run; STUDY_DIR (default outputs/study) the multirun folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="$(bash scripts/setup.sh | tail -n 1)"
 OUT="${STUDY_DIR:-outputs/study}"
-STEPS="${STUDY_STEPS:-4}"
+STEPS="${STUDY_STEPS:-6}"
 start=$(date +%s)
 "$PY" -m tokenpo.train -m algorithm=grpo,dapo,tepo,gtpo,grpo_s,dr_grpo,gspo seed=0,1,2 \
     trainer.max_steps="$STEPS" trainer.mini_batches=2 algorithm.dynamic_sampling.max_gen_batches=2 eval.every_steps=2 trainer.print_samples=0 logger.mode=disabled \

@@ -1,10 +1,12 @@
-"""`python -m tokenpo.train` end to end in subprocesses: a 2-step run, a 2-job sweep, and bad overrides.
+"""`python -m tokenpo.train` end to end in subprocesses: a 2-step run, a 2-algorithm x 2-seed sweep compared
+with tokenpo.compare, and bad overrides.
 
 Module-level imports stay light: the reward workers of the trained runs import this module for `even_length`.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -77,18 +79,42 @@ def assert_trained_from_seed(final: Path, seed: int, lr: float) -> None:
     assert sum(value > 0 for value in moved.values()) >= len(moved) // 2, moved
 
 
-def test_seed_sweep_writes_one_run_dir_per_job(tmp_path):
-    proc = train("-m", *SMALL, "trainer.max_steps=1", "seed=0,1", f"hydra.sweep.dir={tmp_path}")
+def test_algorithm_by_seed_sweep_then_compare(tmp_path):
+    """The issue's check: a 2-algorithm x 2-seed multirun on the tiny model, then tokenpo.compare on its folder."""
+    sweep = tmp_path / "sweep"
+    proc = train("-m", *SMALL, "trainer.max_steps=1", "algorithm=grpo,dapo", "seed=0,1", f"hydra.sweep.dir={sweep}",
+                 timeout=480)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    runs = sorted(path for path in tmp_path.iterdir() if path.is_dir())
-    assert [path.name for path in runs] == ["0", "1"]
-    metrics = [read_metrics(run) for run in runs]
-    assert all([line["step"] for line in lines] == [0, 1] for lines in metrics)
-    for run, seed in zip(runs, (0, 1)):
-        assert f"seed={seed}" in (run / ".hydra" / "overrides.yaml").read_text()
+    runs = sorted(path for path in sweep.iterdir() if path.is_dir())
+    assert [path.name for path in runs] == ["0", "1", "2", "3"]
+    metrics = {}
+    for run in runs:
+        overrides = (run / ".hydra" / "overrides.yaml").read_text()
+        algorithm, seed = (next(word.split("=")[1] for word in overrides.split() if word.startswith(key + "="))
+                           for key in ("algorithm", "seed"))
+        lines = read_metrics(run)
+        assert [line["step"] for line in lines] == [0, 1] and "eval/accuracy" in lines[-1]
         assert (run / "final" / "config.json").is_file()
+        metrics[algorithm, seed] = lines
+    assert sorted(metrics) == [("dapo", "0"), ("dapo", "1"), ("grpo", "0"), ("grpo", "1")]
     # different seeds: different tiny models, so different entropies of their samples
-    assert metrics[0][1]["entropy/mean"] != metrics[1][1]["entropy/mean"]
+    assert metrics["grpo", "0"][1]["entropy/mean"] != metrics["grpo", "1"][1]["entropy/mean"]
+
+    out = tmp_path / "compare"
+    proc = subprocess.run([sys.executable, "-m", "tokenpo.compare", str(sweep), "--baseline", "algorithm=grpo",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with (out / "summary.csv").open() as handle:
+        rows = {row["group"]: row for row in csv.DictReader(handle)}
+    assert sorted(rows) == ["algorithm=dapo", "algorithm=grpo"]
+    for algorithm, row in rows.items():
+        finals = [metrics[algorithm.split("=")[1], seed][-1]["eval/accuracy"] for seed in ("0", "1")]
+        assert int(row["n_runs"]) == 2
+        assert float(row["final_eval_mean"]) == pytest.approx(sum(finals) / 2)
+    for name in ("eval_accuracy", "entropy_mean", "reward_mean", "clip_frac"):
+        for x_axis in ("step", "time"):
+            assert (out / f"{name}_vs_{x_axis}.png").stat().st_size > 10_000
+    assert "| algorithm=grpo | 2 |" in (out / "summary.md").read_text()
 
 
 BAD = [

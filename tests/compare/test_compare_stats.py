@@ -7,8 +7,8 @@ import pytest
 from tokenpo.compare.stats import (
     align_on_step,
     first_reaching,
-    interpolate_on_grid,
     mean_and_std,
+    mean_at_steps,
     ratio,
     reduce_band,
     sample_std,
@@ -45,14 +45,12 @@ def test_align_on_step_averages_only_runs_that_logged_the_step():
     assert minmax_low.tolist() == [1.0, 2.0, 3.0, 8.0] and minmax_high.tolist() == [1.0, 4.0, 6.0, 8.0]
 
 
-def test_interpolate_on_grid_stays_within_each_runs_range():
-    run_a = (np.array([0.0, 10.0]), np.array([0.0, 10.0]))
-    run_b = (np.array([0.0, 5.0]), np.array([10.0, 10.0]))
-    grid, matrix = interpolate_on_grid([run_a, run_b], n_points=3)
-    assert grid.tolist() == [0.0, 5.0, 10.0]
-    assert matrix[0].tolist() == [0.0, 5.0, 10.0]
-    assert matrix[1, :2].tolist() == [10.0, 10.0] and math.isnan(matrix[1, 2])
-    assert reduce_band(matrix, "std")[0].tolist() == [5.0, 7.5, 10.0]
+def test_mean_at_steps_averages_the_runs_that_logged_each_step():
+    # elapsed time per step: run A steps 0-2, run B steps 0-1 (crashed), nobody timed step 3
+    run_a = (np.array([0.0, 1.0, 2.0]), np.array([0.0, 10.0, 30.0]))
+    run_b = (np.array([0.0, 1.0]), np.array([0.0, 20.0]))
+    times = mean_at_steps(np.array([0.0, 1.0, 2.0, 3.0]), [run_a, run_b])
+    assert times[:3].tolist() == [0.0, 15.0, 30.0] and math.isnan(times[3])
 
 
 def test_reduce_band_rejects_unknown_band_naming_known_ones():

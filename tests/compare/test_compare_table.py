@@ -35,3 +35,15 @@ def test_unreached_target_and_missing_baseline_value_stay_empty(tmp_path):
     assert "| never | 1 | 0.500 ± 0.000 | 0.500 ± 0.000 | 0/1 | — | — | — | — |" in table
     assert "| once | 1 | 1.000 ± 0.000 | 1.000 ± 0.000 | 1/1 | 2.0 | 2.0 | — | — |" in table
     assert "Missing" not in table
+
+
+def test_ratios_from_groups_where_some_runs_missed_the_target_are_marked():
+    # baseline: 2 runs, both reach 0.99 at step 2; fast: one run reaches it at step 1, the other never
+    base = summarize_group("base", [run([0.5, 1.0], 1.0), run([0.5, 1.0], 1.0)], "eval/accuracy", 0.99)
+    fast = summarize_group("fast", [run([1.0, 1.0], 1.0), run([0.5, 0.5], 1.0)], "eval/accuracy", 0.99)
+    summaries = with_baseline_ratios([base, fast], "base")
+    assert (summaries[1].n_reached, summaries[1].steps_ratio_vs_baseline) == (1, 0.5)
+    table = markdown_report(summaries, [], "eval/accuracy", 0.99, "base")
+    assert "| base | 2 | 1.000 ± 0.000 | 1.000 ± 0.000 | 2/2 | 2.0 | 2.0 | 1.00 | 1.00 |" in table
+    assert "| fast | 2 | 0.750 ± 0.354 | 0.750 ± 0.354 | 1/2 | 1.0 | 1.0 | 0.50* | 0.50* |" in table
+    assert "\\* ratio of means over the runs that reached the target only" in table

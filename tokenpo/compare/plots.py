@@ -7,20 +7,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 from matplotlib.figure import Figure  # a bare Figure renders PNGs with Agg, without pyplot's global state
 from matplotlib.ticker import MaxNLocator
 
 from tokenpo.compare.runs import Run
-from tokenpo.compare.stats import align_on_step, interpolate_on_grid, reduce_band, series
+from tokenpo.compare.stats import align_on_step, mean_at_steps, reduce_band, series
 
 STEP_KEY = "step"
 TIME_KEY = "time/elapsed_s"
 EVAL_KEY = "eval/accuracy"
-# x axis name (used in file names) -> (metric key, axis label, how a group's runs are put on one x grid)
-X_AXES = {
-    "step": (STEP_KEY, "step", align_on_step),
-    "time": (TIME_KEY, "wall-clock time (s)", interpolate_on_grid),
-}
+# x axis name (used in file names) -> axis label; against time a step's point sits at the runs' mean elapsed time
+X_AXES = {"step": "step", "time": "wall-clock time (s)"}
 # units of the metrics that have one beyond a plain number
 UNITS = {"response_length/mean": "tokens"}
 # series with at most this many points (eval steps) get markers so single points stay visible
@@ -93,22 +91,29 @@ def plot_figure(
     spec: FigureSpec, groups: dict[str, list[Run]], colours: dict[str, str], x_axis: str, band: str, path: Path
 ) -> bool:
     """Write the figure to path; False (nothing written) when no group has any point to draw."""
-    x_key, x_label, align = X_AXES[x_axis]
+    x_label = X_AXES[x_axis]
     figure = Figure(figsize=(5.5 * len(spec.panels) + 3, 4.2), layout="constrained")
     legend: dict[str, object] = {}
     for axes, key in zip(figure.subplots(1, len(spec.panels), squeeze=False)[0], spec.panels):
         for label, runs in groups.items():
-            runs_series = [xy for xy in (series(run.records, key, x_key) for run in runs) if xy[0].size]
-            if not runs_series:
+            logged = [run for run in runs if series(run.records, key)[0].size]
+            if not logged:
                 continue
-            xs, matrix = align(runs_series)
+            xs, matrix = align_on_step([series(run.records, key) for run in logged])
+            if x_axis == "time":
+                xs = mean_at_steps(xs, [series(run.records, TIME_KEY) for run in logged])
+                matrix = matrix[:, ~np.isnan(xs)]
+                xs = xs[~np.isnan(xs)]
             mean, low, high = reduce_band(matrix, band)
             (line,) = axes.plot(
                 xs, mean, color=colours[label], linewidth=1.6,
                 marker="o" if xs.size <= MARKER_MAX_POINTS else None, markersize=3,
             )
-            axes.fill_between(xs, low, high, color=colours[label], alpha=0.2, linewidth=0)
-            legend.setdefault(f"{label} (n={len(runs_series)})", line)
+            # thin dotted edges keep each band's extent readable where several bands overlap
+            axes.fill_between(xs, low, high, color=colours[label], alpha=0.2 if len(groups) <= 3 else 0.1, linewidth=0)
+            for edge in (low, high):
+                axes.plot(xs, edge, color=colours[label], linewidth=0.7, linestyle=":", alpha=0.8)
+            legend.setdefault(f"{label} (n={len(logged)})", line)
         axes.set(xlabel=x_label, ylabel=axis_label(key))
         if x_axis == "step":
             axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # no 1.5-step ticks on short runs

@@ -6,10 +6,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-# points of the common wall-clock grid a group's runs are interpolated onto
-TIME_GRID_POINTS = 200
-
-
 def sample_std(values) -> float:
     """Sample standard deviation (ddof=1); 0 for a single value, where it is undefined."""
     values = np.asarray(values, dtype=float)
@@ -40,19 +36,18 @@ def align_on_step(runs_series: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.
     return steps, matrix
 
 
-def interpolate_on_grid(
-    runs_series: list[tuple[np.ndarray, np.ndarray]], n_points: int = TIME_GRID_POINTS
-) -> tuple[np.ndarray, np.ndarray]:
-    """(common grid over all runs' x range, runs x grid matrix): each run is linearly interpolated
-    only within its own x range and NaN outside it, so a run never stands in for times it did not reach."""
-    start = min(xs[0] for xs, _ in runs_series)
-    end = max(xs[-1] for xs, _ in runs_series)
-    grid = np.linspace(start, end, n_points) if end > start else np.array([start])
-    matrix = np.full((len(runs_series), grid.size), np.nan)
-    for row, (xs, ys) in enumerate(runs_series):
-        inside = (grid >= xs[0]) & (grid <= xs[-1])
-        matrix[row, inside] = np.interp(grid[inside], xs, ys)
-    return grid, matrix
+def mean_at_steps(steps: np.ndarray, runs_series: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Mean over the runs of a per-step value (e.g. elapsed time) at each of `steps`; NaN where no run logged it.
+
+    The wall-clock axis puts a group's step means at its runs' mean elapsed time for that step: the line keeps
+    the same points as against step, and no run stands in for times it did not reach.
+    """
+    logged_steps, matrix = align_on_step(runs_series)
+    present = ~np.isnan(matrix)
+    counts = present.sum(axis=0)
+    means = np.where(counts > 0, np.where(present, matrix, 0.0).sum(axis=0) / np.maximum(counts, 1), np.nan)
+    by_step = dict(zip(logged_steps.tolist(), means.tolist()))
+    return np.array([by_step.get(step, np.nan) for step in steps.tolist()], dtype=float)
 
 
 def std_band(values: np.ndarray) -> tuple[float, float]:

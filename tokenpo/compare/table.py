@@ -91,12 +91,20 @@ def markdown_report(
         "group", "runs", f"final {EVAL_KEY}", f"best {EVAL_KEY}", f"reached {reach}",
         "steps to target", "time to target (s)", f"steps ratio {vs}", f"time ratio {vs}",
     ]
+    base = next((s for s in summaries if s.group == baseline), None)
+    # a ratio of means over only the runs that reached the target, where some runs of the group or of the
+    # baseline did not: marked, so it is read next to the reached column
+    partial = {
+        s.group: s is not base and s.steps_ratio_vs_baseline is not None and any(x.n_reached < x.n_runs for x in (s, base))
+        for s in summaries
+    }
+    mark = {group: "*" if flag else "" for group, flag in partial.items()}
     rows = [
         [
             s.group, str(s.n_runs), fmt_mean_std(s.final_eval_mean, s.final_eval_std),
             fmt_mean_std(s.best_eval_mean, s.best_eval_std), f"{s.n_reached}/{s.n_runs}",
             fmt(s.steps_to_target_mean, 1), fmt(s.time_to_target_s_mean, 1),
-            fmt(s.steps_ratio_vs_baseline, 2), fmt(s.time_ratio_vs_baseline, 2),
+            fmt(s.steps_ratio_vs_baseline, 2) + mark[s.group], fmt(s.time_ratio_vs_baseline, 2) + mark[s.group],
         ]
         for s in summaries
     ]
@@ -106,6 +114,9 @@ def markdown_report(
         "mean ± sample std (ddof=1; 0 for a single run) over runs; steps/time to target: mean over the runs "
         f"that reached {reach} (first logged step at or above it).",
     ]
+    if any(partial.values()):
+        lines += ["", "\\* ratio of means over the runs that reached the target only: some runs of this group or of the "
+                      "baseline did not."]
     if notes:
         lines += ["", "Missing or skipped:", *(f"- {note}" for note in notes)]
     return "\n".join(lines) + "\n"

@@ -171,7 +171,8 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             history["eval_before"] = metrics["eval/accuracy"]
             report_samples("before training", records, cfg.trainer.print_samples)
             write_eval(run_dir / "eval_before.json", metrics, records)
-            logger.log(0, metrics)
+            # the training clock starts after this evaluation: the before-training point sits at 0 s
+            logger.log(0, {**metrics, "time/elapsed_s": 0.0})
         started = time.perf_counter() - history.get("elapsed_s", 0.0)
         step, interrupted = start_step, False
         for step in range(start_step + 1, cfg.trainer.max_steps + 1):
