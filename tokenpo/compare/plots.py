@@ -124,7 +124,8 @@ def plot_figure(
         return False
     # left-aligned so a long title does not run under the legend at the upper right
     figure.suptitle(f"{spec.title} vs {x_label}", x=0.01, ha="left")
-    figure.legend(list(legend.values()), list(legend), loc="outside right upper", title=f"group (band: {band})")
+    entries = sorted(legend)  # same order in every figure, whichever panel drew a group first
+    figure.legend([legend[entry] for entry in entries], entries, loc="outside right upper", title=f"group (band: {band})")
     figure.savefig(path, dpi=110)
     return True
 
