@@ -135,6 +135,28 @@ def test_two_ranks_match_one_process(stage, micro, ranks_out, plain, initial_wei
     assert report["sample"] == want_sample
     sharded = stage.startswith("zero3")
     assert (report["policy_sharded"], report["reference_sharded"]) == (sharded, sharded)
+    assert report["backward_allreduce"]  # two ranks always reduce their gradients
+
+
+@pytest.fixture(scope="module")
+def one_rank_out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("zero_one_rank")
+    run_ranks(Path(zero_ranks.__file__), [str(out), "zero0", "zero1"], 1, out / "logs")
+    return out
+
+
+@pytest.mark.parametrize("micro", list(zero_ranks.MICRO))
+@pytest.mark.parametrize("stage", ["zero0", "zero1"])
+def test_one_deepspeed_process_matches_plain_pytorch(stage, micro, one_rank_out, plain, initial_weights):
+    """One process skips stage 0's gradient all-reduce (build_policy_engine): still the plain update."""
+    want_metrics, want_weights, _ = plain[micro]
+    report = json.loads((one_rank_out / "update" / f"{stage}-{micro}.json").read_text())
+    assert report["backward_allreduce"] == (stage != "zero0")
+    got = report["metrics"]
+    assert got["grad_norm"] == pytest.approx(want_metrics["grad_norm"], rel=NORM_RTOL)
+    assert got["loss"] == pytest.approx(want_metrics["loss"], abs=LOSS_ATOL)
+    assert_same_update(exported_weights(one_rank_out / "update" / f"{stage}-{micro}"), want_weights, initial_weights,
+                       min_change=1e-3)
 
 
 @pytest.mark.parametrize("stage", zero_ranks.STAGES[:-1])

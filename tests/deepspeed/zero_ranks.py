@@ -1,4 +1,5 @@
-"""Run by every rank of test_zero_stages.py: `python zero_ranks.py <out_dir>` (RANK / WORLD_SIZE / MASTER_* set).
+"""Run by every rank of test_zero_stages.py: `python zero_ranks.py <out_dir> [stage ...]` (RANK / WORLD_SIZE /
+MASTER_* set).
 
 - `update/<stage>-<micro>/`: the policy after one update on the fixed rollout batch of `fixed_rollouts`
   (identical on every rank) under each ZeRO stage and micro-batch size, exported with loop.export_hf;
@@ -86,15 +87,18 @@ def one_update(stage: str, micro: str, out: Path) -> None:
     export_hf(policy, tokenizer, out / name, cfg.deepspeed.stage)
     if dist.is_main():
         report = {"metrics": metrics, "sample": tokens, "policy_sharded": is_sharded(policy.module),
-                  "reference_sharded": is_sharded(reference)}
+                  "reference_sharded": is_sharded(reference), "backward_allreduce": policy.enable_backward_allreduce}
         (out / f"{name}.json").write_text(json.dumps(report))
 
 
-def main(out: Path) -> None:
+def main(out: Path, stages: list[str]) -> None:
+    """The updates under the given stages (default: all of them, then the 2-step runs)."""
     dist.init_distributed("gloo")
-    for stage in STAGES:
+    for stage in stages or STAGES:
         for micro in MICRO:
             one_update(stage, micro, out / "update")
+    if stages:
+        return
     # ZeRO-3 offload moves nothing on CPU: its update is compared above, a full run would add only time
     for stage in STAGES[:-1]:
         train_run(out / "train" / stage, SMALL + [f"deepspeed={stage}", "trainer.max_steps=2", "trainer.lr=1e-3",
@@ -102,4 +106,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2:])
