@@ -96,12 +96,12 @@ def plot_figure(
     legend: dict[str, object] = {}
     for axes, key in zip(figure.subplots(1, len(spec.panels), squeeze=False)[0], spec.panels):
         for label, runs in groups.items():
-            logged = [run for run in runs if series(run.records, key)[0].size]
+            logged = [(run, xy) for run in runs if (xy := series(run.records, key))[0].size]
             if not logged:
                 continue
-            xs, matrix = align_on_step([series(run.records, key) for run in logged])
+            xs, matrix = align_on_step([xy for _, xy in logged])
             if x_axis == "time":
-                xs = mean_at_steps(xs, [series(run.records, TIME_KEY) for run in logged])
+                xs = mean_at_steps(xs, [series(run.records, TIME_KEY) for run, _ in logged])
                 matrix = matrix[:, ~np.isnan(xs)]
                 xs = xs[~np.isnan(xs)]
             mean, low, high = reduce_band(matrix, band)

@@ -43,9 +43,7 @@ def mean_at_steps(steps: np.ndarray, runs_series: list[tuple[np.ndarray, np.ndar
     the same points as against step, and no run stands in for times it did not reach.
     """
     logged_steps, matrix = align_on_step(runs_series)
-    present = ~np.isnan(matrix)
-    counts = present.sum(axis=0)
-    means = np.where(counts > 0, np.where(present, matrix, 0.0).sum(axis=0) / np.maximum(counts, 1), np.nan)
+    means = reduce_band(matrix, "minmax")[0]  # the mean line; the band is not needed here
     by_step = dict(zip(logged_steps.tolist(), means.tolist()))
     return np.array([by_step.get(step, np.nan) for step in steps.tolist()], dtype=float)
 

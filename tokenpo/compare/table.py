@@ -94,11 +94,11 @@ def markdown_report(
     base = next((s for s in summaries if s.group == baseline), None)
     # a ratio of means over only the runs that reached the target, where some runs of the group or of the
     # baseline did not: marked, so it is read next to the reached column
-    partial = {
-        s.group: s is not base and s.steps_ratio_vs_baseline is not None and any(x.n_reached < x.n_runs for x in (s, base))
+    mark = {
+        s.group: "*" if s is not base and s.steps_ratio_vs_baseline is not None
+        and any(x.n_reached < x.n_runs for x in (s, base)) else ""
         for s in summaries
     }
-    mark = {group: "*" if flag else "" for group, flag in partial.items()}
     rows = [
         [
             s.group, str(s.n_runs), fmt_mean_std(s.final_eval_mean, s.final_eval_std),
@@ -114,7 +114,7 @@ def markdown_report(
         "mean ± sample std (ddof=1; 0 for a single run) over runs; steps/time to target: mean over the runs "
         f"that reached {reach} (first logged step at or above it).",
     ]
-    if any(partial.values()):
+    if "*" in mark.values():
         lines += ["", "\\* ratio of means over the runs that reached the target only: some runs of this group or of the "
                       "baseline did not."]
     if notes:
