@@ -1,0 +1,14 @@
+# Sourced by study.sh and gtpo_norm.sh (after they set PY): the CPU comparison testbed they share, and one timed
+# multirun on it. Two policy updates per rollout (trainer.mini_batches=2) so ratios, clipping and the TEPO mask
+# act; at most 2 generation rounds for dynamic sampling to bound the CPU time; held-out eval every 2 steps.
+TESTBED=(trainer.mini_batches=2 algorithm.dynamic_sampling.max_gen_batches=2 eval.every_steps=2
+         trainer.print_samples=0 logger.mode=disabled)
+
+# timed_sweep NAME OUT STEPS OVERRIDES...: the Hydra multirun into the folder OUT, then its wall time
+timed_sweep() {
+  local name=$1 out=$2 steps=$3 start
+  shift 3
+  start=$(date +%s)
+  "$PY" -m tokenpo.train -m "$@" trainer.max_steps="$steps" "${TESTBED[@]}" hydra.sweep.dir="$out"
+  echo "$name wall time: $(( $(date +%s) - start )) s"
+}
