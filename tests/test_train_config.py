@@ -140,6 +140,7 @@ BAD = [
     (["+bogus=1"], "bogus"),
     (["model=tiny", "model.source=local"], "model.path"),
     (["model.source=nowhere"], "model.source"),
+    (["model=tiny", "model.tiny.num_heads=3"], "model.tiny.num_heads=3 must split model.tiny.hidden_size=64"),
     (["data.prompts_per_step=0"], "data.prompts_per_step"),
     (["eval=math500", "eval.pass_k=[1,8]"], "eval.pass_k"),
     (["deepspeed=zero0", "deepspeed.offload_param=true"], "deepspeed.offload_param"),

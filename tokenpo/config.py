@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -35,7 +35,10 @@ class TrainConfig:
     trainer: TrainerConfig
 
     def reward_for(self, data: DataConfig) -> RewardConfig:
-        """The reward settings for a dataset: explicit reward.* values win, nulls take the dataset's."""
+        """The training reward for a dataset: explicit reward.* values win, nulls take the dataset's.
+
+        Benchmarks are judged by benchmark_reward instead, in training-time eval and `tokenpo.evaluate` alike.
+        """
         return resolve(self.reward, data_reward_defaults(data))
 
     def validate_batch(self, world_size: int) -> None:
@@ -86,3 +89,13 @@ def validated(cfg):
 def data_reward_defaults(data: DataConfig) -> dict:
     """How the dataset asks for its answer; the reward config's nulls take these values."""
     return {"answer_format": data.answer_format, "answer_pattern": data.answer_pattern, "fallback": data.fallback}
+
+
+def benchmark_reward(reward: RewardConfig, benchmark: DataConfig) -> RewardConfig:
+    """How a benchmark's answers are judged; training-time eval and `tokenpo.evaluate` both call this.
+
+    The answer format, pattern and fallback are always the benchmark's data config's (eval.data, or data when
+    eval.data is null): explicit reward.* values of them shape the training reward only, so a checkpoint gets one
+    accuracy whatever data it was trained on. reward.fn (the user's verifier), timeout_s and num_workers apply.
+    """
+    return replace(reward, **data_reward_defaults(benchmark)).validate()

@@ -12,7 +12,9 @@ Results go to `<output_dir>/eval.json` (metrics and every problem's responses an
 output_dir is `<model_path>/eval_<eval.name>/` (beside a run's metrics, or inside a model folder) and
 `outputs/eval/<org>__<name>/eval_<eval.name>/` for a hub id. The metrics are printed as a markdown table.
 Groups `eval`, `data` (the benchmark when eval.data is null, e.g. eval=arith), `reward` and `rollout` (engine,
-eos_tokens, and max_new_tokens where eval.max_new_tokens is null) are the training run's groups.
+eos_tokens, and max_new_tokens where eval.max_new_tokens is null) are the training run's groups. Answers are
+judged as training-time evaluation judges them (tokenpo.config.benchmark_reward): read as the benchmark's data
+config says, with reward.fn, reasoning_tag and timeout_s from `reward` (reward.answer_* are refused).
 """
 
 from __future__ import annotations

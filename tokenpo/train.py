@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -17,6 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from tokenpo.config import build_config
 from tokenpo.errors import ConfigError
+from tokenpo.preflight import check_command_line, check_inputs
+from tokenpo.trainer import rundir
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("tokenpo")
@@ -53,9 +56,11 @@ def hydra_main(tree: DictConfig) -> float | None:
                               f"launcher (WORLD_SIZE={world}) leave trainer.nproc at 1")
         # before any process starts or loads a model
         cfg.validate_batch(max(world, cfg.trainer.nproc))
+        run_dir, name, group = run_identity()
+        check_inputs(cfg, run_dir)
     except ConfigError as err:
         fail(str(err))
-    run_dir, name, group = run_identity()
+    start_run_dir(run_dir, cfg.trainer.resume, tree)
     resolved = OmegaConf.to_container(tree, resolve=True)
     if cfg.trainer.nproc > 1:
         summary = launch_local_workers(cfg.trainer.nproc, run_dir, name, group, resolved)
@@ -74,6 +79,21 @@ def hydra_main(tree: DictConfig) -> float | None:
         log.info("held-out accuracy: %.1f%% before -> %.1f%% after (%d steps, %.0f s); run dir: %s",
                  100 * before, 100 * after, summary["steps"], summary["elapsed_s"] or 0, run_dir)
     return after
+
+
+def start_run_dir(run_dir: Path, resume: str, tree: DictConfig) -> None:
+    """Before the run writes anything: an earlier run in `run_dir` that this start does not resume is set aside,
+    then this start's Hydra files are written (conf/train.yaml keeps Hydra from writing them over the earlier run's):
+    `.hydra/` for a new run; `.hydra/resume-<time>/` for a resume, whose `.hydra/` keeps the run's first start."""
+    if not rundir.continues_here(run_dir, resume):
+        rundir.set_aside_earlier_run(run_dir)
+    hydra_dir = run_dir / ".hydra"
+    if hydra_dir.exists():
+        hydra_dir = hydra_dir / f"resume-{time.strftime('%Y%m%d-%H%M%S')}"
+    hydra_dir.mkdir(parents=True, exist_ok=True)
+    hydra = HydraConfig.instance().cfg
+    for name, node in (("config.yaml", tree), ("hydra.yaml", hydra), ("overrides.yaml", hydra.hydra.overrides.task)):
+        (hydra_dir / name).write_text(OmegaConf.to_yaml(node))
 
 
 def run_here(cfg, run_dir: Path, name: str, group: str, resolved: dict, world: int) -> dict:
@@ -96,6 +116,10 @@ def main() -> None:
     from tokenpo.trainer.launch import external_launcher_argv
 
     sys.argv[1:] = external_launcher_argv(sys.argv[1:])
+    try:
+        check_command_line(CONF_DIR, "train", sys.argv[1:])
+    except ConfigError as err:
+        fail(str(err))
     hydra_main()
 
 

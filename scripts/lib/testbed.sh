@@ -1,7 +1,10 @@
 # Sourced by study.sh and gtpo_norm.sh (after they set PY): the CPU comparison testbed they share, and one timed
 # multirun on it. Two policy updates per rollout (trainer.mini_batches=2) so ratios, clipping and the TEPO mask
-# act; at most 2 generation rounds for dynamic sampling to bound the CPU time; held-out eval every 2 steps.
-TESTBED=(trainer.mini_batches=2 algorithm.dynamic_sampling.max_gen_batches=2 eval.every_steps=2
+# act; dynamic sampling draws prompts_per_step prompts a round, at most 2 rounds, and fills the batch with
+# all-equal groups when they fall short (bounds the CPU time; verl's recipe: 3x per round, 10 rounds, error);
+# held-out eval every 2 steps.
+TESTBED=(trainer.mini_batches=2 algorithm.dynamic_sampling.max_gen_batches=2 algorithm.dynamic_sampling.oversample=1
+         algorithm.dynamic_sampling.on_exhausted=fill eval.every_steps=2
          trainer.print_samples=0 logger.mode=disabled)
 
 # timed_sweep NAME OUT STEPS OVERRIDES...: the Hydra multirun into the folder OUT, then its wall time

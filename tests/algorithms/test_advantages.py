@@ -84,6 +84,10 @@ def test_gtpo_bonus_splits_d_t_by_entropy_share_and_penalty_by_inverse_entropy()
         ({"norm": "per_polarity"}, [[-1.066004, -0.213201], [0.639602, 0.0], [0.0, 0.0]]),
         # scale only: r̃ / joint std, the sign of correctness survives
         ({"norm": "scale_only"}, [[0.821558, 0.860679], [0.899801, 0.0], [-0.860679, -0.860679]]),
+        # per polarity, padded (token weights 1/2, 1/2, 1, 1/2, 1/2; total 3):
+        # r̃+ = [1.05, 1.1, 1.15, 0, 0] -> mean 2.225/3 = 0.741667, std sqrt(0.828542/2) = 0.643639;
+        # r̃− = [0, 0, 0, -1.1, -1.1] -> mean -1.1/3, std sqrt(0.806667/2) = 0.635085
+        ({"norm": "per_polarity_padded"}, [[0.479050, 0.556731], [0.634411, 0.0], [-1.154701, -1.154701]]),
     ],
 )
 def test_gtpo_advantage_eq6_golden(load_algorithm, overrides, expected):
@@ -104,6 +108,64 @@ def test_gtpo_scope_batch_pools_groups_and_scope_group_does_not(load_algorithm):
     # pooling both (identical) groups: same mean, spread of 6 members -> std × sqrt(2/2.5)
     by_batch = token_advantages(load_algorithm("gtpo", advantage={"scope": "batch"}), rewards, rewards > 0, groups, mask, entropy)
     torch.testing.assert_close(by_batch, torch.cat([single, single]) * math.sqrt(5 / 4), atol=1e-5, rtol=0)
+
+
+# Two groups: the one above and a copy with twice the entropy (unchanged within a group, not across them).
+TWO_GROUPS = dict(
+    rewards=torch.cat([GTPO_REWARDS, GTPO_REWARDS]),
+    groups=torch.tensor([0, 0, 0, 1, 1, 1]),
+    mask=torch.cat([GTPO_MASK, GTPO_MASK]),
+    entropy=torch.cat([GTPO_ENTROPY, GTPO_ENTROPY * 2]),
+)
+# norm scale_only with scale none leaves the token rewards r̃ of Eq. 3/5 as they are
+RAW_TOKEN_REWARDS = {"norm": "scale_only", "scale": "none"}
+
+
+def test_gtpo_share_scope_batch_shares_entropy_across_groups(load_algorithm):
+    b = TWO_GROUPS
+    args = (b["rewards"], b["rewards"] > 0, b["groups"], b["mask"], b["entropy"])
+    by_group = token_advantages(load_algorithm("gtpo", advantage=RAW_TOKEN_REWARDS), *args)
+    single = [[1.05, 1.1], [1.15, 0.0], [-1.1, -1.1]]
+    torch.testing.assert_close(by_group, torch.tensor(single * 2), atol=1e-5, rtol=0)
+    # batch: t=0 O+ H = 1, 3, 2, 6 (Σ 12, d = 4) -> 0.1·H/12·4; t=1 O+ H = 2, 4 (Σ 6, d = 2) -> 0.1·H/6·2;
+    # O− 1/H at t=0: 2, 1 (Σ 3, h = 2) -> 0.1·(2/3)·2, 0.1·(1/3)·2; at t=1: 0.5, 0.25 -> the same shares
+    by_batch = token_advantages(load_algorithm("gtpo", advantage={**RAW_TOKEN_REWARDS, "share_scope": "batch"}), *args)
+    expected = [[1 + 0.4 / 12, 1 + 0.4 / 6], [1.1, 0.0], [-1 - 0.4 / 3, -1 - 0.4 / 3],
+                [1 + 0.8 / 12, 1 + 0.8 / 6], [1.2, 0.0], [-1 - 0.2 / 3, -1 - 0.2 / 3]]
+    torch.testing.assert_close(by_batch, torch.tensor(expected), atol=1e-5, rtol=0)
+    # the count scales with the pool: the bonus still averages α2 per active O+ token at each t
+    positive = (b["rewards"] > 0)[:, None] * b["mask"]
+    bonus_per_token = ((by_batch - 1) * positive).sum(0) / positive.sum(0)
+    torch.testing.assert_close(bonus_per_token, torch.tensor([0.1, 0.1]), atol=1e-5, rtol=0)
+
+
+def test_grpo_s_share_scope_batch_shares_sequence_entropy_across_groups(load_algorithm):
+    # Ĥ = [2, 6, 1] and [4, 12, 2]; O+ Σ Ĥ = 24, n = 4 -> 0.1·Ĥ/24·4; O− 1/Ĥ = 1, 0.5 (Σ 1.5, m = 2)
+    # r̂ = [31/30, 1.1, -17/15 | 16/15, 1.2, -16/15]; scale none: minus the group means 1/3 and 0.4
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]] * 2)
+    entropy = torch.tensor([[1.0, 3.0], [6.0, 100.0], [0.5, 1.5]])
+    b = TWO_GROUPS
+    cfg = load_algorithm("grpo_s", advantage={"share_scope": "batch", "scale": "none"})
+    advantages = token_advantages(cfg, b["rewards"], b["rewards"] > 0, b["groups"], mask, torch.cat([entropy, entropy * 2]))
+    sequence = torch.tensor([0.7, 23 / 30, -22 / 15, 2 / 3, 0.8, -22 / 15])
+    torch.testing.assert_close(advantages, sequence[:, None] * mask, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("scope", ["group", "batch"])
+@pytest.mark.parametrize("stats_weight", ["sequence", "token"])
+def test_gtpo_per_polarity_padded_equals_joint_at_alpha2_zero(load_algorithm, scope, stats_weight):
+    torch.manual_seed(1)
+    rewards = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0, 1.0])
+    groups = torch.tensor([0] * 4 + [1] * 4 + [2] * 4)
+    mask = (torch.arange(6)[None, :] < torch.randint(1, 7, (12,))[:, None]).float()
+    entropy = torch.rand(12, 6) * 3
+    settings = {"alpha2": 0.0, "scope": scope, "stats_weight": stats_weight}
+    padded = load_algorithm("gtpo", advantage={**settings, "norm": "per_polarity_padded"})
+    joint = load_algorithm("gtpo", advantage={**settings, "norm": "joint"})
+    expected = token_advantages(joint, rewards, rewards > 0, groups, mask, entropy)
+    assert expected.abs().max() > 0.5
+    # the joint std is twice each polarity's (values ±α1 against α1 / 0): eps acts a hair differently
+    torch.testing.assert_close(token_advantages(padded, rewards, rewards > 0, groups, mask, entropy), expected, atol=1e-5, rtol=0)
 
 
 def test_gtpo_with_alpha2_zero_is_the_dapo_advantage(load_algorithm):

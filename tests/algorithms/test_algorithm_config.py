@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from tokenpo.algorithms import algorithm_config_from_dict, needs_entropy, needs_reference
-from tokenpo.algorithms.registry import Registry
 from tokenpo.errors import ConfigError
 
 from .conftest import ALGORITHM_NAMES, CONF_DIR, algorithm_dict
@@ -40,7 +39,9 @@ def test_yaml_values_follow_the_spec(load_algorithm):
     dapo = load_algorithm("dapo")
     assert (dapo.reward.correct, dapo.reward.wrong, dapo.shaping.soft_overlong) == (1.0, -1.0, True)
     assert (dapo.loss.clip_low, dapo.loss.clip_high, dapo.loss.kl_coef) == (0.2, 0.28, 0.0)
-    assert (dapo.aggregation, dapo.dynamic_sampling.enabled, dapo.dynamic_sampling.max_gen_batches) == ("token-mean", True, 3)
+    assert (dapo.aggregation, dapo.dynamic_sampling.enabled, dapo.dynamic_sampling.max_gen_batches) == ("token-mean", True, 10)
+    # verl's DAPO recipe: 3 x the prompt batch per round, an error when 10 rounds fall short
+    assert (dapo.dynamic_sampling.oversample, dapo.dynamic_sampling.on_exhausted) == (3.0, "error")
 
     gtpo = load_algorithm("gtpo")
     assert (gtpo.advantage.estimator, gtpo.advantage.alpha1, gtpo.advantage.alpha2) == ("gtpo", 1.0, 0.1)
@@ -77,7 +78,8 @@ def test_absent_keys_take_the_grpo_defaults():
         ({"aggregation": "mean"}, "algorithm.aggregation must be one of seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, token-mean"),
         ({"loss": {"kl_mask": "x"}}, "algorithm.loss.kl_mask must be one of none, tepo"),
         ({"loss": {"kl_estimator": "k4"}}, "algorithm.loss.kl_estimator must be one of k1, k2, k3"),
-        ({"advantage": {"norm": "both"}}, "algorithm.advantage.norm must be one of joint, per_polarity, scale_only"),
+        ({"advantage": {"norm": "both"}}, "algorithm.advantage.norm must be one of joint, per_polarity, per_polarity_padded, scale_only"),
+        ({"advantage": {"share_scope": "prompt"}}, "algorithm.advantage.share_scope must be one of batch, group, got 'prompt'"),
         ({"loss": {"clip_low": 1.5}}, "algorithm.loss.clip_low must be in [0, 1), got 1.5"),
         ({"loss": {"dual_clip": 0.5}}, "algorithm.loss.dual_clip must be null or > 1, got 0.5"),
         ({"loss": {"kl_coef": -0.1}}, "algorithm.loss.kl_coef must be >= 0, got -0.1"),
@@ -86,6 +88,9 @@ def test_absent_keys_take_the_grpo_defaults():
         ({"dynamic_sampling": {"max_gen_batches": 0}}, "algorithm.dynamic_sampling.max_gen_batches must be >= 1, got 0"),
         ({"dynamic_sampling": {"enabled": "yes"}}, "algorithm.dynamic_sampling.enabled must be bool, got 'yes'"),
         ({"dynamic_sampling": {"max_gen_batches": 2.5}}, "algorithm.dynamic_sampling.max_gen_batches must be int, got 2.5"),
+        ({"dynamic_sampling": {"oversample": 0.5}}, "algorithm.dynamic_sampling.oversample must be >= 1, got 0.5"),
+        ({"dynamic_sampling": {"on_exhausted": "retry"}},
+         "algorithm.dynamic_sampling.on_exhausted must be one of error, fill, keep_partial, got 'retry'"),
         ({"loss": {"clip_high": True}}, "algorithm.loss.clip_high must be float, got True"),
         ({"loss": "fast"}, "algorithm.loss must be a mapping, got 'fast'"),
     ],
@@ -101,17 +106,6 @@ def test_ints_are_accepted_for_float_fields():
     cfg = algorithm_config_from_dict({"reward": {"correct": 1, "wrong": -1}, "loss": {"dual_clip": 3}})
     assert (cfg.reward.wrong, cfg.loss.dual_clip) == (-1.0, 3.0)
     assert isinstance(cfg.loss.dual_clip, float)
-
-
-def test_registry_lists_known_names_for_an_unknown_one():
-    registry = Registry("widget")
-    registry.register("b")(len)
-    registry.register("a", fast=True)(len)
-    with pytest.raises(ValueError, match="unknown widget 'c'; known: a, b"):
-        registry.get("c")
-    assert registry.trait("a", "fast") is True and registry.trait("b", "fast") is None
-    with pytest.raises(ValueError, match="already registered"):
-        registry.register("a")(len)
 
 
 @pytest.mark.parametrize(

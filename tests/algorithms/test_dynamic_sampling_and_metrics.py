@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from tokenpo.algorithms import entropy_by_polarity, select_mixed_groups
+from tokenpo.algorithms import entropy_by_polarity, partial_batch_size, prompts_per_round, select_mixed_groups
 
 # groups in order of appearance: 11 all 1, 4 mixed, 30 all 0, 2 mixed (interleaved), 8 mixed
 REWARDS = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
@@ -43,6 +43,23 @@ def test_shaped_rewards_that_differ_count_as_mixed():
 def test_negative_request_is_refused():
     with pytest.raises(ValueError, match="needed must be >= 0"):
         select_mixed_groups(REWARDS, GROUPS, -1)
+
+
+@pytest.mark.parametrize("prompts_per_step, oversample, world_size, expected", [
+    (512, 3.0, 8, 1536),  # verl's DAPO recipe: gen_batch_size = 3 x 512
+    (4, 1.0, 1, 4),
+    (4, 1.5, 1, 6),
+    (4, 1.5, 4, 8),  # 6, rounded up to a multiple of 4 processes
+    (5, 1.1, 1, 6),  # ceil(5.5)
+    (3, 1.0, 2, 4),
+])
+def test_prompts_per_round(prompts_per_step, oversample, world_size, expected):
+    assert prompts_per_round(prompts_per_step, oversample, world_size) == expected
+
+
+@pytest.mark.parametrize("mixed, parts, expected", [(7, 4, 4), (8, 4, 8), (3, 4, 0), (3, 1, 3), (0, 2, 0)])
+def test_partial_batch_size_is_the_largest_even_split(mixed, parts, expected):
+    assert partial_batch_size(mixed, parts) == expected
 
 
 def test_entropy_by_polarity_golden():

@@ -1,8 +1,10 @@
 """The composed pipeline (shape_rewards -> token_advantages -> policy_loss) against plain
-loop-by-loop re-implementations of GRPO, DAPO, Dr. GRPO and GSPO written from the spec."""
+loop-by-loop re-implementations of GRPO, DAPO, Dr. GRPO and GSPO written from the spec, and GTPO's
+advantages (Eq. 3, 5, 6) in every norm / scope / share_scope / stats_weight combination."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import statistics
@@ -129,3 +131,65 @@ def test_pipeline_matches_the_plain_reimplementation(load_algorithm, name, refer
     # float64 throughout: far tighter than the 1e-5 asked for, so a small KL slip shows
     assert pipeline_loss(load_algorithm(name), batch) == pytest.approx(expected, abs=1e-9, rel=1e-9)
     assert abs(expected) > 1e-3  # a vanishing loss would make the comparison empty
+
+
+def reference_gtpo_token_rewards(batch, entropy, share_scope, alpha1=1.0, alpha2=0.1, eps=1e-6):
+    """GTPO Eq. 3 / 5: the share of H (O+) or 1/H (O−) among the pool's same-polarity responses still
+    running at t, times their count; the pool is the response's group or the whole batch."""
+    groups, correct, lengths = batch["groups"], batch["correct"], batch["lengths"]
+    pool = (lambda i: groups[i]) if share_scope == "group" else (lambda i: 0)
+    rewards = []
+    for i, length in enumerate(lengths):
+        row = []
+        for t in range(length):
+            peers = [k for k in range(len(lengths)) if pool(k) == pool(i) and correct[k] == correct[i] and lengths[k] > t]
+            weight = (lambda k: entropy[k][t]) if correct[i] else (lambda k: 1.0 / (entropy[k][t] + eps))
+            share = weight(i) / (sum(weight(k) for k in peers) + eps)
+            sign = 1.0 if correct[i] else -1.0  # R = ±1
+            row.append(sign * (alpha1 + alpha2 * share * len(peers)))
+        rewards.append(row)
+    return rewards
+
+
+def reference_gtpo_advantages(batch, entropy, norm, scope, share_scope, stats_weight, eps=1e-6):
+    """GTPO Eq. 6: weighted mean and unbiased std over the tokens of the pool; a pool worth one member or
+    less gets 0."""
+    groups, correct, lengths = batch["groups"], batch["correct"], batch["lengths"]
+    rewards = reference_gtpo_token_rewards(batch, entropy, share_scope)
+    tokens = [(k, u) for k, length in enumerate(lengths) for u in range(length)]
+    weight = {(k, u): 1.0 if stats_weight == "token" else 1.0 / lengths[k] for k, u in tokens}
+    same_scope = (lambda i, k: groups[i] == groups[k]) if scope == "group" else (lambda i, k: True)
+    result = []
+    for i, length in enumerate(lengths):
+        members = [(k, u) for k, u in tokens if same_scope(i, k) and (norm != "per_polarity" or correct[k] == correct[i])]
+        if norm == "per_polarity_padded":  # the other polarity's tokens count as 0
+            value = {(k, u): rewards[k][u] if correct[k] == correct[i] else 0.0 for k, u in members}
+        else:
+            value = {(k, u): rewards[k][u] for k, u in members}
+        total = sum(weight[m] for m in members)
+        mean = sum(weight[m] * value[m] for m in members) / total
+        std = math.sqrt(sum(weight[m] * (value[m] - mean) ** 2 for m in members) / (total - 1)) if total > 1.5 else 0.0
+        centre = 0.0 if norm == "scale_only" else mean
+        result.append([(value[(i, t)] - centre) / (std + eps) if total > 1.5 else 0.0 for t in range(length)])
+    return result
+
+
+@pytest.mark.parametrize(
+    "norm, scope, share_scope, stats_weight",
+    list(itertools.product(["joint", "per_polarity", "per_polarity_padded", "scale_only"], ["group", "batch"],
+                           ["group", "batch"], ["sequence", "token"])),
+)
+def test_gtpo_advantages_match_the_plain_reimplementation(load_algorithm, norm, scope, share_scope, stats_weight):
+    batch = make_batch(3)
+    rng = random.Random(3)
+    entropy = [[rng.uniform(0.05, 3.0) for _ in range(MAX_NEW_TOKENS)] for _ in batch["lengths"]]
+    expected = reference_gtpo_advantages(batch, entropy, norm, scope, share_scope, stats_weight)
+    advantage = dict(norm=norm, scope=scope, share_scope=share_scope, stats_weight=stats_weight)
+    lengths, correct = torch.tensor(batch["lengths"]), torch.tensor(batch["correct"])
+    mask = (torch.arange(MAX_NEW_TOKENS)[None, :] < lengths[:, None]).double()
+    rewards = torch.where(correct, 1.0, -1.0).double()
+    got = token_advantages(load_algorithm("gtpo", advantage=advantage), rewards, correct, torch.tensor(batch["groups"]),
+                           mask, torch.tensor(entropy, dtype=torch.float64))
+    for i, row in enumerate(expected):
+        assert got[i, : len(row)].tolist() == pytest.approx(row, abs=1e-9)
+        assert got[i, len(row):].abs().sum() == 0

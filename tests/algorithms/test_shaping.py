@@ -64,10 +64,36 @@ def test_grop_golden(load_algorithm):
 def test_grop_threshold_gamma1_decides_which_groups_are_easy(load_algorithm):
     # n/G = 2/3; correct lengths 10, 50: L+ = max(30, 30) = 30 -> -0.5·20/30 for 50 when easy
     args = (torch.tensor([True, True, False]), torch.tensor([10, 50, 5]), torch.zeros(3, dtype=torch.bool), torch.zeros(3), 128)
-    hard, _, _ = shape_rewards(load_algorithm("gtpo", shaping={"grop_gamma1": 0.75}), *args)
+    hard, _, _ = shape_rewards(load_algorithm("gtpo", shaping={"grop_gamma1": 0.75, "grop_medium": False}), *args)
     easy, _, _ = shape_rewards(load_algorithm("gtpo", shaping={"grop_gamma1": 0.6}), *args)
     torch.testing.assert_close(hard, torch.tensor([1.0, 1.0, -1.0]))
     torch.testing.assert_close(easy, torch.tensor([1.0, 1.0 - 1 / 3, -1.0]))
+    # not easy at 0.75 but n > m: medium, L+ over all lengths 10, 50, 5 = max(27.5, 21.67) -> -0.5·22.5/27.5
+    medium, _, _ = shape_rewards(load_algorithm("gtpo", shaping={"grop_gamma1": 0.75}), *args)
+    torch.testing.assert_close(medium, torch.tensor([1.0, 1.0 - 9 / 22, -1.0]))
+
+
+# γ1 = 0.75. Group 0, easy at the boundary (n/G = 3/4 = γ1): L+ over the correct lengths 10, 20, 60 =
+# max(35, 30) = 35 -> -0.5·25/35 for 60 (over all four lengths it would be 55 -> -0.5·5/55).
+# Group 1, medium (n/G = 3/5 < γ1, n = 3 > m = 2): L+ over all lengths 10, 20, 40, 30, 50 = max(30, 30) = 30
+# -> -0.5·10/30 for the correct 40; the wrong 50 gets nothing (over the correct lengths L+ would be 25).
+# Group 2, neither (n = m = 2): nothing, however long.
+GROP_CORRECT = torch.tensor([True, True, True, False] + [True, True, True, False, False] + [True, True, False, False])
+GROP_LENGTHS = torch.tensor([10, 20, 60, 100] + [10, 20, 40, 30, 50] + [10, 90, 5, 5])
+GROP_GROUPS = torch.tensor([0] * 4 + [1] * 5 + [2] * 4)
+GROP_EASY = [0.0, 0.0, -0.5 * 25 / 35, 0.0]
+GROP_MEDIUM = [0.0, 0.0, -0.5 * 10 / 30, 0.0, 0.0]
+GROP_NEITHER = [0.0] * 4
+
+
+@pytest.mark.parametrize(
+    "medium, penalty", [(True, GROP_EASY + GROP_MEDIUM + GROP_NEITHER), (False, GROP_EASY + [0.0] * 5 + GROP_NEITHER)]
+)
+def test_grop_easy_medium_and_neither_golden(load_algorithm, medium, penalty):
+    cfg = load_algorithm("gtpo", shaping={"grop_medium": medium})
+    rewards, _, _ = shape_rewards(cfg, GROP_CORRECT, GROP_LENGTHS, torch.zeros(13, dtype=torch.bool), GROP_GROUPS, 128)
+    base = torch.where(GROP_CORRECT, 1.0, -1.0)
+    torch.testing.assert_close(rewards, base + torch.tensor(penalty))
 
 
 def test_max_new_tokens_must_be_positive(load_algorithm):

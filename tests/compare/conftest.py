@@ -21,6 +21,8 @@ EVAL_ACCURACY = {
     ("dapo", 2): (0.25, 0.75),
 }
 SECONDS_PER_STEP = {"grpo": 10.0, "dapo": 5.0}
+# generated tokens per step: dapo's dynamic sampling generates twice as much per step
+TOKENS_PER_STEP = {"grpo": 1000.0, "dapo": 2000.0}
 
 
 def write_run(run_dir, overrides, records, tail=""):
@@ -38,6 +40,8 @@ def training_records(algorithm, seed):
         record = {
             "step": step,
             "time/elapsed_s": step * SECONDS_PER_STEP[algorithm],
+            "tokens/generated": TOKENS_PER_STEP[algorithm],
+            "tokens/generated_total": step * TOKENS_PER_STEP[algorithm],
             "reward/mean": 0.1 * step + 0.05 * seed,
             "accuracy": 0.2 * step,
             "entropy/mean": 1.0 - 0.1 * step - 0.02 * seed,

@@ -24,12 +24,18 @@ def test_summary_csv_matches_hand_computed_values(compared):
     # grpo finals 0.5, 0.75, 0.25; bests 0.5, 1.0, 0.25 (mean 7/12, deviations -1/12, 5/12, -4/12)
     assert int(grpo["n_runs"]) == 3
     assert float(grpo["final_eval_mean"]) == 0.5 and float(grpo["final_eval_std"]) == 0.25
+    # 95 % t-interval: 0.5 ± t_{0.975, 2} * 0.25 / sqrt(3), t_{0.975, 2} = 0.95 / sqrt(2 * 0.975 * 0.025)
+    half = 0.95 / math.sqrt(2 * 0.975 * 0.025) * 0.25 / math.sqrt(3)
+    assert float(grpo["final_eval_ci95_low"]) == pytest.approx(0.5 - half, abs=1e-9)
+    assert float(grpo["final_eval_ci95_high"]) == pytest.approx(0.5 + half, abs=1e-9)
     assert float(grpo["best_eval_mean"]) == pytest.approx(7 / 12, rel=1e-12)
     assert float(grpo["best_eval_std"]) == pytest.approx(math.sqrt(42 / 144 / 2), rel=1e-12)
     # grpo: seed 0 reaches 0.5 at step 4 (40 s), seed 1 at step 2 (20 s), seed 2 never
     assert int(grpo["n_reached"]) == 2
     assert float(grpo["steps_to_target_mean"]) == 3.0 and float(grpo["time_to_target_s_mean"]) == 30.0
     assert float(grpo["steps_ratio_vs_baseline"]) == 1.0 and float(grpo["time_ratio_vs_baseline"]) == 1.0
+    # 1000 generated tokens per step: 4000 and 2000
+    assert float(grpo["tokens_to_target_mean"]) == 3000.0
     # dapo finals = bests 0.75, 0.5, 0.75 (mean 2/3, deviations 1/12, -2/12, 1/12); reaches at steps 2, 2, 4 (10, 10, 20 s)
     assert float(dapo["final_eval_mean"]) == pytest.approx(2 / 3, rel=1e-12)
     assert float(dapo["final_eval_std"]) == pytest.approx(math.sqrt(6 / 144 / 2), rel=1e-12)
@@ -39,6 +45,9 @@ def test_summary_csv_matches_hand_computed_values(compared):
     assert float(dapo["time_to_target_s_mean"]) == pytest.approx(40 / 3, rel=1e-12)
     assert float(dapo["steps_ratio_vs_baseline"]) == pytest.approx(8 / 9, rel=1e-12)
     assert float(dapo["time_ratio_vs_baseline"]) == pytest.approx(4 / 9, rel=1e-12)
+    # dapo generates 2000 tokens per step: fewer steps but more tokens to the target than grpo
+    assert float(dapo["tokens_to_target_mean"]) == pytest.approx(16000 / 3, rel=1e-12)
+    assert float(dapo["tokens_ratio_vs_baseline"]) == pytest.approx(16 / 9, rel=1e-12)
 
 
 def test_markdown_table_is_printed_and_written(compared):
@@ -46,8 +55,26 @@ def test_markdown_table_is_printed_and_written(compared):
     report = (root / "compare" / "summary.md").read_text()
     assert stdout.startswith(report)
     # the baseline (grpo) reached the target in 2 of 3 runs: dapo's ratios are marked, the baseline's own are not
-    assert "| algorithm=dapo | 3 | 0.667 ± 0.144 | 0.667 ± 0.144 | 3/3 | 2.7 | 13.3 | 0.89* | 0.44* |" in report
-    assert "| algorithm=grpo | 3 | 0.500 ± 0.250 | 0.583 ± 0.382 | 2/3 | 3.0 | 30.0 | 1.00 | 1.00 |" in report
+    assert ("| algorithm=dapo | 3 | 0.667 ± 0.144 [0.308, 1.025] | 0.667 ± 0.144 [0.308, 1.025] | 3/3 | 2.7 | 13.3 | "
+            "5333 | 0.89* | 0.44* | 1.78* |") in report
+    assert ("| algorithm=grpo | 3 | 0.500 ± 0.250 [-0.121, 1.121] | 0.583 ± 0.382 [-0.365, 1.532] | 2/3 | 3.0 | 30.0 | "
+            "3000 | 1.00 | 1.00 | 1.00 |") in report
+
+
+def test_significance_vs_baseline_is_paired_by_seed(compared):
+    root, _, _, _ = compared
+    significance = (root / "compare" / "significance.md").read_text()
+    assert f"## Significance vs {GRPO}\n\n{significance}" in (root / "compare" / "summary.md").read_text()
+    # finals dapo - grpo per seed 0.25, -0.25, 0.5: t = (1/6) / sqrt(7/144) on 2 df, p = 1 - t / sqrt(2 + t^2)
+    t = (1 / 6) / math.sqrt(7 / 144)
+    p = 1 - t / math.sqrt(2 + t * t)
+    assert f"| {DAPO} | 3 vs 3 | paired (n=3) | +0.167 [-0.782, +1.115] | {p:.3f} | {p:.3f} | not significant |" in significance
+    with (root / "compare" / "significance.csv").open() as handle:
+        rows = {row["value"]: row for row in csv.DictReader(handle)}
+    assert (rows["final"]["group"], rows["final"]["baseline"], rows["final"]["test"]) == (DAPO, GRPO, "paired (n=3)")
+    assert float(rows["final"]["p"]) == pytest.approx(p, abs=1e-12) == float(rows["final"]["p_holm"])
+    # bests dapo - grpo per seed 0.25, -0.5, 0.5
+    assert float(rows["best"]["difference"]) == pytest.approx(1 / 12, abs=1e-12)
 
 
 def test_missing_and_skipped_data_is_reported_not_fatal(compared):

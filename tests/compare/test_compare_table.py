@@ -1,4 +1,7 @@
 import csv
+import math
+
+import pytest
 
 from tokenpo.compare.runs import Run
 from tokenpo.compare.table import markdown_report, summarize_group, with_baseline_ratios, write_csv
@@ -32,8 +35,8 @@ def test_unreached_target_and_missing_baseline_value_stay_empty(tmp_path):
         rows = list(csv.DictReader(handle))
     assert rows[0]["steps_to_target_mean"] == "" and rows[1]["steps_to_target_mean"] == "2.0"
     table = markdown_report(summaries, [], "eval/accuracy", 0.99, "never")
-    assert "| never | 1 | 0.500 ± 0.000 | 0.500 ± 0.000 | 0/1 | — | — | — | — |" in table
-    assert "| once | 1 | 1.000 ± 0.000 | 1.000 ± 0.000 | 1/1 | 2.0 | 2.0 | — | — |" in table
+    assert "| never | 1 | 0.500 ± 0.000 [n/a: 1 run] | 0.500 ± 0.000 [n/a: 1 run] | 0/1 | — | — | — | — | — | — |" in table
+    assert "| once | 1 | 1.000 ± 0.000 [n/a: 1 run] | 1.000 ± 0.000 [n/a: 1 run] | 1/1 | 2.0 | 2.0 | — | — | — | — |" in table
     assert "Missing" not in table
 
 
@@ -44,6 +47,29 @@ def test_ratios_from_groups_where_some_runs_missed_the_target_are_marked():
     summaries = with_baseline_ratios([base, fast], "base")
     assert (summaries[1].n_reached, summaries[1].steps_ratio_vs_baseline) == (1, 0.5)
     table = markdown_report(summaries, [], "eval/accuracy", 0.99, "base")
-    assert "| base | 2 | 1.000 ± 0.000 | 1.000 ± 0.000 | 2/2 | 2.0 | 2.0 | 1.00 | 1.00 |" in table
-    assert "| fast | 2 | 0.750 ± 0.354 | 0.750 ± 0.354 | 1/2 | 1.0 | 1.0 | 0.50* | 0.50* |" in table
+    assert "| base | 2 | 1.000 ± 0.000 [1.000, 1.000] | 1.000 ± 0.000 [1.000, 1.000] | 2/2 | 2.0 | 2.0 | — | 1.00 | 1.00 | — |" in table
+    # 0.75 ± t_{0.975, 1} * 0.3536 / sqrt(2) = 0.75 ± 12.706 / 4
+    assert "| fast | 2 | 0.750 ± 0.354 [-2.427, 3.927] | 0.750 ± 0.354 [-2.427, 3.927] | 1/2 | 1.0 | 1.0 | — | 0.50* | 0.50* | — |" in table
     assert "\\* ratio of means over the runs that reached the target only" in table
+
+
+def test_final_best_and_tokens_to_target_follow_the_target_metric():
+    # pass@4 per step 0.5, 0.75, 0.625 (final 0.625, best 0.75); 300 generated tokens per step
+    runs = [
+        Run(f"r{seed}", {}, [
+            {"step": float(step), "eval/accuracy": 0.1, "eval/b/pass@4": value + 0.125 * seed,
+             "tokens/generated_total": 300.0 * step}
+            for step, value in enumerate([0.5, 0.75, 0.625], start=1)
+        ])
+        for seed in (0, 1)
+    ]
+    summary = summarize_group("g", runs, "eval/b/pass@4", 0.7)
+    assert (summary.final_eval_mean, summary.best_eval_mean) == (0.6875, 0.8125)
+    # two finals 0.625, 0.75: 0.6875 ± 12.706... * 0.0884 / sqrt(2) = 0.6875 ± 0.0625 * tan(0.475 pi)
+    half = 0.0625 * math.tan(0.475 * math.pi)
+    assert (summary.final_eval_ci95_low, summary.final_eval_ci95_high) == (
+        pytest.approx(0.6875 - half, abs=1e-9), pytest.approx(0.6875 + half, abs=1e-9))
+    # seed 0 (0.5, 0.75, ...) and seed 1 (0.625, 0.875, ...) both first reach 0.7 at step 2: 600 tokens
+    assert (summary.n_reached, summary.tokens_to_target_mean) == (2, 600.0)
+    base = summarize_group("base", runs[:1], "eval/b/pass@4", 0.5)  # reaches 0.5 at step 1: 300 tokens
+    assert with_baseline_ratios([summary, base], "base")[0].tokens_ratio_vs_baseline == 2.0

@@ -63,13 +63,16 @@ def test_unknown_keys_are_named():
 @pytest.mark.parametrize(
     "values, message",
     [
-        ({"loader": "gsm8"}, r"data.loader 'gsm8' is unknown \(known: arith, gsm8k, math, math500, dapo_math_17k, "
-                             r"aime24, aime25, amc23, file, hub\)"),
+        ({"loader": "gsm8"}, r"unknown data.loader 'gsm8'; known: aime24, aime25, amc23, arith, dapo_math_17k, file, "
+                             r"gsm8k, hub, math, math500$"),
         ({"prompts_per_step": 0}, r"data.prompts_per_step must be an integer >= 1, got 0"),
         ({"max_eval_examples": 2.5}, r"data.max_eval_examples must be int or null, got 2.5"),
         ({"answer_format": "int"}, r"data.answer_format must be one of number, expression, got 'int'"),
-        ({"answer_pattern": "hash"}, r"data.answer_pattern must be one of boxed, answer_line"),
-        ({"fallback": "first_number"}, r"data.fallback must be one of none, last_number, last_dollar"),
+        ({"answer_pattern": "hash"}, r"data.answer_pattern must be one of answer_line, boxed"),
+        ({"fallback": "first_number"}, r"data.fallback must be one of last_dollar, last_number, none"),
+        ({"max_prompt_tokens": -1}, r"data.max_prompt_tokens must be an integer >= 0 or null \(0 and null: no cap\)"),
+        ({"overlong_prompt": "right"}, r"data.overlong_prompt must be one of drop, truncate_left, truncate_middle, "
+                                       r"error, got 'right'"),
         ({"train_split": None, "eval_split": None}, r"data.train_split and data.eval_split are both null"),
         ({"loader": "gsm8k", "eval_split": "train"}, r"data.eval_split must differ from data.train_split"),
         ({"path": "x.jsonl"}, r"data.path is not used by loader 'arith'; set it to null"),

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from tokenpo.data import build_prompt, data_config_from_dict, load_split, load_splits
 from tokenpo.data.answers import DAPO_PREFIX, DAPO_SUFFIX
+from tokenpo.data.loaders import check_local_files
 from tokenpo.errors import ConfigError
 
 CONF_DATA = Path(__file__).resolve().parents[2] / "conf" / "data"
@@ -209,3 +210,15 @@ def test_every_named_loader_has_a_hub_id():
 
     named = ["gsm8k", "math", "math500", "dapo_math_17k", "aime24", "aime25", "amc23"]
     assert all(TABLE_SPECS[name].hub_id for name in named)
+
+
+def test_start_up_file_check_reads_each_split_head(make_cfg, fixtures_dir, tmp_path):
+    check_local_files(make_cfg(name="gsm8k", loader="gsm8k", path=str(fixtures_dir / "gsm8k_{split}.jsonl")))
+    check_local_files(make_cfg(name="gsm8k", loader="gsm8k", hub_id="org/absent"))  # hub data: checked when loaded
+    missing = make_cfg(name="gsm8k", loader="gsm8k", path=str(tmp_path / "gsm8k_{split}.jsonl"))
+    with pytest.raises(ConfigError, match=f"data.path {tmp_path / 'gsm8k_train.jsonl'} does not exist"):
+        check_local_files(missing)
+    wrong_key = make_cfg(name="x", loader="file", path=str(fixtures_dir / "custom.jsonl"), eval_split=None,
+                         prompt_key="nope", answer_key="answer")
+    with pytest.raises(ConfigError, match="data.prompt_key 'nope' not found in"):
+        check_local_files(wrong_key)

@@ -2,7 +2,8 @@
 
 The ranks (zero_ranks.py) apply one update to a fixed rollout batch under each stage, with the whole batch in
 one micro-batch and with gradient accumulation over one-group micro-batches, and export the policy with
-loop.export_hf; the reference is the same trainer code on one process with a plain AdamW engine written here.
+deepspeed.export.export_hf; the reference is the same trainer code on one process with a plain AdamW engine
+written here.
 Adam makes the weights nearly blind to a gradient's scale, so the loss and the gradient norm are compared too.
 Then every stage trains 2 full steps with train(): same metrics and final weights whatever the stage.
 """
@@ -19,7 +20,7 @@ import zero_ranks
 from multiproc_util import by_step, compose_config, deterministic, read_metrics, run_ranks
 from transformers import AutoModelForCausalLM
 
-from tokenpo.deepspeed.engine import lr_factor
+from tokenpo.trainer.optim import step_lr
 from tokenpo.models.loading import load_model
 from tokenpo.trainer.loop import RunContext, Timings
 from tokenpo.trainer.update import train_on_rollouts
@@ -35,13 +36,12 @@ NORM_RTOL = 1e-5
 
 
 class PlainEngine:
-    """What DeepSpeed does for one process, in plain PyTorch: AdamW, global-norm clipping, the LR schedule."""
+    """What DeepSpeed does for one process, in plain PyTorch: AdamW at rollout step 1's lr, global-norm clipping."""
 
     def __init__(self, model, trainer):
         self.module = model
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=trainer.lr, betas=tuple(trainer.adam_betas),
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=step_lr(1, trainer), betas=tuple(trainer.adam_betas),
                                            weight_decay=trainer.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(step, trainer))
         self.max_grad_norm = trainer.max_grad_norm
         self.grad_norm = None
 
@@ -55,7 +55,6 @@ class PlainEngine:
     def step(self):
         self.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.max_grad_norm))
         self.optimizer.step()
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
     def get_global_grad_norm(self):

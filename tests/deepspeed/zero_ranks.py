@@ -2,7 +2,7 @@
 MASTER_* set).
 
 - `update/<stage>-<micro>/`: the policy after one update on the fixed rollout batch of `fixed_rollouts`
-  (identical on every rank) under each ZeRO stage and micro-batch size, exported with loop.export_hf;
+  (identical on every rank) under each ZeRO stage and micro-batch size, exported with deepspeed.export.export_hf;
   `update/<stage>-<micro>.json`: that update's metrics, a sample from ctx.generate (under ZeRO-3 with gathered
   parameters) and whether the policy and reference parameters are sharded;
 - `train/<stage>/`: two training steps with train() under ZeRO 0-3.
@@ -20,10 +20,12 @@ from multiproc_util import SMALL, compose_config, train_run
 from tokenpo.data import Example
 from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import build_policy_engine, build_reference
+from tokenpo.deepspeed.export import export_hf
 from tokenpo.models.loading import load_model
 from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG
 from tokenpo.rollout.engine import SamplingParams
-from tokenpo.trainer.loop import RunContext, Timings, export_hf
+from tokenpo.trainer.loop import RunContext, Timings
+from tokenpo.trainer.optim import build_optimizer
 from tokenpo.trainer.rollouts import StepRollouts
 from tokenpo.trainer.update import train_on_rollouts
 
@@ -78,8 +80,10 @@ def is_sharded(module) -> bool:
 def one_update(stage: str, micro: str, out: Path) -> None:
     cfg, _ = compose_config(update_overrides(stage, micro))
     tokenizer, model = load_model(cfg.model, cfg.seed)
-    reference = build_reference(model, cfg.deepspeed, cfg.trainer, dist.world_size())
-    policy = build_policy_engine(model, cfg.deepspeed, cfg.trainer, dist.world_size())
+    sizes = dict(micro_batch_size=cfg.trainer.micro_batch_size, max_grad_norm=cfg.trainer.max_grad_norm,
+                 world_size=dist.world_size())
+    reference = build_reference(model, cfg.deepspeed, **sizes)
+    policy = build_policy_engine(model, build_optimizer(model, cfg.trainer), cfg.deepspeed, **sizes)
     ctx = RunContext(cfg, out, tokenizer, policy, reference, None, None, dist.device())
     metrics = train_on_rollouts(ctx, fixed_rollouts(len(tokenizer)), Timings())
     tokens = sample(ctx)

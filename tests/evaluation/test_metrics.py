@@ -90,3 +90,23 @@ def test_summarize_without_greedy_or_with_unequal_samples():
     assert summarize(greedy_only, ks=[1]) == {"num_problems": 1, "greedy/accuracy": 1.0}
     with pytest.raises(ValueError, match=r"same number of samples, got \[1, 2\]"):
         summarize([{"correct": [True], "answers": ["1"]}, records[0]], ks=[1])
+
+
+def test_gtpo_table_1_metrics_pass_at_2_and_4_of_8_samples():
+    """Chen et al.'s unbiased pass@k on 8 samples per problem with 0, 1, 3 and 8 correct."""
+    records = [{"correct": [i < c for i in range(8)], "answers": [None] * 8} for c in (0, 1, 3, 8)]
+    summary = summarize(records, ks=[2, 4])
+    # pass@2: 0, 1 - C(7,2)/C(8,2) = 7/28, 1 - C(5,2)/C(8,2) = 18/28, 1 -> 53/112
+    assert summary["pass@2"] == pytest.approx(53 / 112)
+    # pass@4: 0, 1 - C(7,4)/C(8,4) = 35/70, 1 - C(5,4)/C(8,4) = 65/70, 1 -> 17/28
+    assert summary["pass@4"] == pytest.approx(17 / 28)
+    assert summary["mean@8"] == pytest.approx((0 + 1 + 3 + 8) / 32)
+    assert "pass@1" not in summary  # only the asked-for k
+
+
+def test_any_list_of_k_up_to_n_gives_one_metric_each():
+    records = [{"correct": [i % 4 == 0 for i in range(32)], "answers": [None] * 32}]
+    summary = summarize(records, ks=[32, 2, 16, 4, 8])
+    assert [key for key in summary if key.startswith("pass@")] == ["pass@2", "pass@4", "pass@8", "pass@16", "pass@32"]
+    assert summary["mean@32"] == 0.25 and summary["pass@32"] == 1.0
+    assert summary["pass@2"] == pytest.approx(1 - (24 * 23) / (32 * 31))  # 1 - C(24,2)/C(32,2)

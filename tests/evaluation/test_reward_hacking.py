@@ -1,4 +1,5 @@
-"""Issue 8: a policy that restates the question must earn nothing on the embedded default's data and reward.
+"""Issues 8 and 13: a policy that restates the question, or wraps the right number in a non-answer, must earn
+nothing on the embedded default's data and reward.
 
 These go through the real path: the arith config composed by Hydra, its reward settings, the reward
 worker pool and `evaluate` — only the policy is scripted.
@@ -41,7 +42,7 @@ def scripted_eval(cfg, answer_of):
     with RewardScorer(reward) as scorer:
         metrics, records = evaluate(
             held_out, lambda ex: [held_out.index(ex)], generate, lambda ids: [texts[i[0]] for i in ids], scorer,
-            EvalConfig(greedy=True, n=2, pass_k=(1, 2)), (reward.answer_pattern, reward.fallback),
+            EvalConfig(greedy=True, n=2, pass_k=(1, 2)), (reward.answer_pattern, reward.fallback, reward.reasoning_tag),
             max_new_tokens=32, stop_token_ids=(), seed=0)
     return metrics, records
 
@@ -70,3 +71,49 @@ def test_boxed_expression_is_paid_only_under_expression_format():
 def test_right_numbers_in_any_numeric_form_are_paid():
     metrics, _ = scripted_eval(arith_config(), lambda p: f"{echo(p)} = {eval(echo(p).replace('×', '*'))}")
     assert metrics["greedy/accuracy"] == 1.0
+
+
+def right(problem: str) -> int:
+    return eval(echo(problem).replace("×", "*"))
+
+
+# Issue 13 item 10: each pays the right number `a` in a form a strict grader refuses (b is a wrong answer).
+NON_ANSWERS = [
+    lambda a, b: f"\\boxed{{not {a}}}",
+    lambda a, b: f"\\boxed{{{a} is wrong}}",
+    lambda a, b: f"\\boxed{{less than {a}}}",
+    lambda a, b: f"\\boxed{{{a} or seventy}}",
+    lambda a, b: f"\\boxed{{{b} \\text{{ or }} \\boxed{{{a}}}}}",
+    lambda a, b: f"\\boxed{{{b}, \\fbox{{{a}}}}}",
+    lambda a, b: f"\\boxed{{0,{a:03d}}}",
+    lambda a, b: f"<think>so \\boxed{{{a}}}</think> The answer is {b}.",
+    lambda a, b: f"<think>so \\boxed{{{a}}}",
+    lambda a, b: f"\\boxed{{{a} \\text{{ (or {b})}}}}",
+]
+
+
+def non_answer_eval(*overrides):
+    """Evaluate a policy answering problem i with non-answer i mod 10: each of the ten at least six times."""
+    problems = {}
+
+    def script(problem: str) -> str:
+        problems.setdefault(problem, len(problems))
+        return NON_ANSWERS[problems[problem] % len(NON_ANSWERS)](right(problem), right(problem) + 1)
+
+    metrics, records = scripted_eval(arith_config(*overrides), script)
+    assert len(problems) == 64
+    paid = [r["greedy"]["response"] for r in records if r["greedy_correct"] or any(r["correct"])]
+    return metrics, records, paid
+
+
+def test_non_answers_around_the_right_number_score_zero():
+    metrics, records, paid = non_answer_eval()
+    assert paid == []
+    assert metrics["greedy/accuracy"] == 0.0 and metrics["pass@2"] == 0.0
+    assert {r["greedy"]["verdict"] for r in records} == {"format_rejected", "no_answer", "wrong"}
+
+
+def test_non_answers_score_zero_under_expression():
+    _, records, paid = non_answer_eval("reward.answer_format=expression")
+    # only `0,000` may be paid, for the gold 0: read either way it is 0
+    assert set(paid) <= {r"\boxed{0,000}"}

@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from tokenpo.data.config import data_config_from_dict
 from tokenpo.trainer.loop import train
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+EXPERIMENTS_DOC = Path(__file__).resolve().parents[2] / "docs" / "experiments.md"
 EXPERIMENT_DIR = CONF_DIR / "experiment"
 EXPERIMENTS = sorted(p.relative_to(EXPERIMENT_DIR).with_suffix("").as_posix() for p in EXPERIMENT_DIR.rglob("*.yaml"))
 # GPU setups: hub weights and 8 processes; they compose and validate here but are not run
@@ -41,11 +43,12 @@ LADDER = (
     "dapo_ladder/4_token_level_loss",
     "dapo_ladder/5_dynamic_sampling",
 )
-# what each rung switches on over the one before it (DAPO Table 1), besides its name
+# what each rung changes over the one before it (DAPO Table 1), besides its name; rung 3 replaces overlong
+# filtering by the soft punishment (the DAPO authors' FAQ: their best run had no filter)
 LADDER_STEPS = {
     LADDER[1]: {"shaping.overlong_filter": True},
     LADDER[2]: {"loss.clip_high": 0.28},
-    LADDER[3]: {"shaping.soft_overlong": True},
+    LADDER[3]: {"shaping.soft_overlong": True, "shaping.overlong_filter": False},
     LADDER[4]: {"aggregation": "token-mean"},
     LADDER[5]: {"dynamic_sampling.enabled": True},
 }
@@ -56,6 +59,8 @@ ALGORITHM_DELTAS = {
     "gtpo/norm_joint": ("gtpo", {}),
     "gtpo/norm_per_polarity": ("gtpo", {"advantage.norm": "per_polarity"}),
     "gtpo/norm_scale_only": ("gtpo", {"advantage.norm": "scale_only"}),
+    "gtpo/paper_faithful": ("gtpo", {"advantage.norm": "per_polarity_padded", "advantage.scope": "batch",
+                                     "advantage.share_scope": "batch", "advantage.stats_weight": "token"}),
     "grpo_s/ratio_arithmetic": ("grpo_s", {}),
     "grpo_s/ratio_geometric": ("grpo_s", {"ratio.kind": "sequence_geometric"}),
     "tepo/beta_mask_0.05": ("tepo", {}),
@@ -64,14 +69,24 @@ ALGORITHM_DELTAS = {
     "tepo/mask_off": ("tepo", {"loss.kl_mask": "none", "loss.kl_mask_coef": 0.0}),
     "tepo/mask_vs_group_mean": ("tepo", {"loss.kl_mask_entropy_ref": "group_mean"}),
     "tepo/mask_vs_batch_mean": ("tepo", {"loss.kl_mask_entropy_ref": "batch_mean"}),
+    "tepo/ratio_token": ("tepo", {"ratio.kind": "token"}),
+    "tepo/ratio_sequence_geometric": ("tepo", {"ratio.kind": "sequence_geometric"}),
+    "tepo/clip_gspo": ("tepo", {"loss.clip_low": 3e-4, "loss.clip_high": 4e-4}),
+    "tepo/kl_target_ref": ("tepo", {"loss.kl_mask_target": "ref"}),
+    "gtpo/alpha2_0_control": ("gtpo", {"advantage.alpha2": 0.0}),
+    "gtpo/alpha1_0.9": ("gtpo", {"advantage.alpha1": 0.9}),
+    "grpo_s/beta2_0.2": ("grpo_s", {"advantage.beta2": 0.2}),
     LADDER[0]: ("grpo", {"loss.kl_coef": 0.0, "reward.wrong": -1.0}),
-    LADDER[5]: ("dapo", {"shaping.overlong_filter": True}),
+    # the top rung is the released DAPO recipe: soft overlong punishment without overlong filtering
+    LADDER[5]: ("dapo", {}),
+    "dapo_ladder/5_with_overlong_filter": ("dapo", {"shaping.overlong_filter": True}),
 }
-# one tiny CPU step: small batch, short responses, one thread and one reward worker (the machine is shared)
+# one tiny CPU step: small batch, short responses, one thread and one reward worker (the machine is shared);
+# the random tiny model never answers right, so dynamic sampling finds no mixed group and fills the batch
 CPU_STEP = (
     "model=tiny", "trainer.max_steps=1", "logger.mode=disabled", "trainer.nproc=1", "rollout.max_new_tokens=8",
     "data=arith", "data.prompts_per_step=2", "rollout.group_size=2", "eval.max_problems=2",
-    "trainer.threads=1", "reward.num_workers=1",
+    "trainer.threads=1", "reward.num_workers=1", "algorithm.dynamic_sampling.on_exhausted=fill",
 )
 
 
@@ -111,6 +126,7 @@ def without_name(delta: dict) -> dict:
 def test_glob_finds_every_family():
     expected = {
         *LADDER, *ALGORITHM_DELTAS, "paper/dapo_qwen2_5_32b", "paper/gtpo_qwen2_5_7b", "paper/grpo_qwen2_5_math_7b",
+        "paper/gtpo_qwen2_5_32b", "paper/gtpo_eval_math500", "paper/grpo_s_qwen2_5_7b", "paper/grpo_s_qwen2_5_32b",
         "hparams_search/grpo_lr_group_size",
     }
     assert expected <= set(EXPERIMENTS), sorted(expected - set(EXPERIMENTS))
@@ -151,6 +167,25 @@ def test_each_rung_adds_one_technique(rung):
     assert without_name(differences(cfg.algorithm, before.algorithm)) == LADDER_STEPS[rung]
     assert differences(cfg.trainer, before.trainer) == {}
     assert cfg.algorithm.name != before.algorithm.name
+
+
+def documented_ladder_changes() -> dict:
+    """docs/experiments.md's ladder table: rung -> {dotted key: value} from the `key: value` spans of its
+    'changes over the previous rung' column (the first rung's column describes, it does not list)."""
+    changes = {}
+    for line in EXPERIMENTS_DOC.read_text().splitlines():
+        row = re.match(r"\| `(dapo_ladder/\d_[a-z_]+)` \|.*\|([^|]*)\|\s*$", line)
+        if row and row.group(1) != LADDER[0]:
+            spans = re.findall(r"`([\w.]+): ([^`]+)`", row.group(2))
+            changes[row.group(1)] = {key: OmegaConf.create(f"v: {value}").v for key, value in spans}
+    return changes
+
+
+@pytest.mark.parametrize("rung", LADDER[1:])
+def test_each_rung_differs_in_exactly_the_keys_the_docs_name(rung):
+    previous = LADDER[LADDER.index(rung) - 1]
+    cfg, before = load(f"experiment={rung}"), load(f"experiment={previous}")
+    assert without_name(differences(cfg.algorithm, before.algorithm)) == documented_ladder_changes()[rung]
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHM_DELTAS))
@@ -196,6 +231,8 @@ def test_dapo_paper_setup():
     assert cfg.algorithm.shaping.overlong_cache_frac * cfg.rollout.max_new_tokens == 4096
     t = cfg.trainer
     assert (t.lr, t.warmup_steps, t.lr_schedule, t.mini_batches, t.nproc) == (1e-6, 20, "constant", 16, 8)
+    # Fig. 1: ~5000 gradient updates at 16 per rollout step
+    assert t.max_steps == math.ceil(5000 / 16) == 313
     assert (cfg.deepspeed.stage, cfg.deepspeed.precision) == (3, "bf16")
     assert (cfg.eval.name, cfg.eval.n, cfg.eval.temperature, cfg.eval.top_p) == ("aime24", 32, 1.0, 0.7)
     # AIME is asked in DAPO's training prompt and read from its "Answer:" line
@@ -203,14 +240,14 @@ def test_dapo_paper_setup():
     assert eval_data.template.mode == "raw"
     assert eval_data.template.raw_format == cfg.data.template.raw_format
     assert eval_data.answer_pattern == "answer_line"
-    assert differences(cfg.algorithm, load("algorithm=dapo").algorithm) == {"dynamic_sampling.max_gen_batches": 10}
+    assert differences(cfg.algorithm, load("algorithm=dapo").algorithm) == {}
 
 
 def test_ladder_rung_at_paper_scale_takes_the_paper_batch():
     """Listed after the rung, the paper setup's batch settings win; the rung's algorithm stays."""
     cfg = load("experiment=[dapo_ladder/2_clip_higher,paper/dapo_qwen2_5_32b]")
     rung = load(f"experiment={LADDER[2]}")
-    assert differences(cfg.algorithm, rung.algorithm) == {"dynamic_sampling.max_gen_batches": 10}
+    assert differences(cfg.algorithm, rung.algorithm) == {}
     assert (cfg.trainer.mini_batches, cfg.data.prompts_per_step, cfg.model.name) == (16, 512, "qwen2_5_32b")
     cfg.validate_batch(cfg.trainer.nproc)
 
@@ -221,8 +258,54 @@ def test_gtpo_paper_setup():
     assert differences(cfg.algorithm, load("algorithm=gtpo").algorithm) == {}
     assert (cfg.rollout.group_size, cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p) == (
         16, 4096, 1.0, 1.0)
-    assert (cfg.trainer.lr, cfg.trainer.nproc, cfg.deepspeed.stage) == (1e-6, 8, 2)
-    assert (cfg.eval.n, cfg.eval.pass_k[-1], cfg.eval.max_new_tokens) == (32, 32, 4096)
+    # "global batch size of 128" (prompts), 2048-token prompt cap; DAPO's 32-prompt mini-batch -> 4 updates
+    assert (cfg.data.prompts_per_step, cfg.data.max_prompt_tokens, cfg.trainer.mini_batches) == (128, 2048, 4)
+    assert (cfg.trainer.lr, cfg.trainer.max_steps, cfg.trainer.nproc, cfg.deepspeed.stage) == (1e-6, 210, 8, 2)
+    # Table 1: Pass@2/4/8/16/32 and Mean@32, sampled as in training
+    assert (cfg.eval.n, tuple(cfg.eval.pass_k), cfg.eval.max_new_tokens) == (32, (2, 4, 8, 16, 32), 4096)
+    assert (cfg.eval.temperature, cfg.eval.top_p) == (1.0, 1.0)
+
+
+def test_gtpo_32b_setup_keeps_the_7b_protocol_on_the_32b_model():
+    cfg, small = load("experiment=paper/gtpo_qwen2_5_32b"), load("experiment=paper/gtpo_qwen2_5_7b")
+    assert (cfg.model.hub_id, cfg.deepspeed.stage, cfg.trainer.micro_batch_size) == ("Qwen/Qwen2.5-32B", 3, 1)
+    assert (cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens) == (2048, 4096)
+    assert differences(cfg.algorithm, small.algorithm) == {}
+    assert differences(cfg.eval, small.eval) == {}
+    assert differences(cfg.trainer, small.trainer) == {"micro_batch_size": 1}
+    cfg.validate_batch(cfg.trainer.nproc)
+    grpo_s = load("experiment=paper/grpo_s_qwen2_5_32b")
+    assert differences(grpo_s.algorithm, load("algorithm=grpo_s").algorithm) == {}
+    assert differences(grpo_s.trainer, cfg.trainer) == {} and grpo_s.model.name == "qwen2_5_32b"
+
+
+def documented_experiment_lists() -> list[str]:
+    """Every `experiment=[a,b,...]` list written in the docs, the README and the experiment headers."""
+    texts = [EXPERIMENTS_DOC.parent.parent / "README.md", *EXPERIMENTS_DOC.parent.glob("*.md"),
+             *EXPERIMENT_DIR.rglob("*.yaml")]
+    found = {m for path in texts for m in re.findall(r"\[([\w/.]+(?:,[\w/.]+)+)\]", path.read_text())}
+    return sorted(names for names in found if "..." not in names)  # "[grpo_s/...,x]" is prose, not a command
+
+
+@pytest.mark.parametrize("names", documented_experiment_lists())
+def test_documented_experiment_lists_keep_the_ablations_algorithm(names):
+    """A later experiment's group choice wins in Hydra: a paper setup that picks another algorithm than the
+    ablation listed before it would silently train that algorithm (e.g. GRPO-S ablations on the GTPO setup)."""
+    first, *rest = names.split(",")
+    if not all(n in EXPERIMENTS for n in names.split(",")):
+        pytest.fail(f"documented experiment list names a file that does not exist: {names}")
+    combined, ablation = load(f"experiment=[{names}]"), load(f"experiment={first}")
+    assert differences(combined.algorithm, ablation.algorithm).keys() <= {"dynamic_sampling.max_gen_batches"}
+
+
+def test_gtpo_math500_column_samples_at_the_setup_temperature():
+    """MATH-500 Mean@32 at the GTPO setup's T = 1.0 / top-p 1.0, not MATH-500's usual 0.6 / 0.95."""
+    cfg = load("experiment=[paper/gtpo_qwen2_5_7b,paper/gtpo_eval_math500]")
+    assert (cfg.eval.name, cfg.eval.greedy, cfg.eval.n) == ("math500", False, 32)
+    assert (cfg.eval.temperature, cfg.eval.top_p) == (cfg.rollout.temperature, cfg.rollout.top_p) == (1.0, 1.0)
+    assert 4 in cfg.eval.pass_k
+    hot = load("experiment=[paper/gtpo_qwen2_5_7b,paper/gtpo_eval_math500]", "rollout.temperature=0.8")
+    assert hot.eval.temperature == 0.8
 
 
 def test_grpo_paper_setup():

@@ -7,7 +7,7 @@ import torch
 
 from tokenpo.models.config import ModelConfig, TinyConfig
 from tokenpo.models.loading import build_tiny_model
-from tokenpo.models.logprobs import response_logprobs
+from tokenpo.models.logprobs import activation_checkpointing, left_pad, response_logprobs
 
 VOCAB = 89
 PAD = 0
@@ -116,6 +116,26 @@ def test_gradient_checkpointing_path_matches(model):
     got = parameter_grads(model, logp)
     for name in want:
         torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.filterwarnings("error")
+def test_cache_and_checkpointing_checks_warn_nothing(model):
+    """Neither the KV-cache keyword (`past_key_values` warns in transformers 5.x) nor the checkpointing check
+    (`is_gradient_checkpointing` warns there) raises a deprecation warning."""
+    assert not activation_checkpointing(model)
+    logp, _ = ours(model)
+    assert logp.shape == (len(RESPONSES), max(map(len, RESPONSES)))
+
+
+def test_activation_checkpointing_is_read_from_the_submodules(model):
+    model.model.gradient_checkpointing = True
+    assert activation_checkpointing(model)
+
+
+def test_left_pad_right_aligns_prompts():
+    ids, mask = left_pad([[7, 8, 9], [5]], pad_id=0)
+    assert ids.tolist() == [[7, 8, 9], [0, 0, 5]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
 
 
 def test_without_entropy(model):

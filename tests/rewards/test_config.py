@@ -28,7 +28,9 @@ def test_yaml_mirrors_the_dataclass_with_a_comment_above_every_field():
     "key, value",
     [("answer_format", "numbers"), ("answer_pattern", "xml"), ("fallback", "last"), ("format_weight", -1.0),
      ("format_weight", float("nan")), ("format_weight", "a"), ("timeout_s", 0.5), ("timeout_s", True),
-     ("num_workers", 0), ("num_workers", True), ("num_workers", 2.0), ("fn", "no_colon"), ("fn", 3)],
+     ("num_workers", 0), ("num_workers", True), ("num_workers", 2.0), ("fn", "no_colon"), ("fn", 3),
+     ("reasoning_tag", "<think>"), ("reasoning_tag", ""), ("reasoning_tag", 3), ("worker_max_items", 0),
+     ("worker_max_items", 1.5), ("worker_max_rss_mb", 0), ("worker_max_rss_mb", True)],
 )
 def test_bad_values_name_their_key(key, value):
     with pytest.raises(ConfigError, match=f"^reward.{key} ") as error:

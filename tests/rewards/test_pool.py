@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tokenpo.errors import ConfigError
@@ -78,6 +79,59 @@ def test_stuck_worker_is_killed_and_replaced():
         assert time.monotonic() - start < TIMEOUT_S + KILL_GRACE_S + CLOCK_SLACK_S
         assert verdicts == [TIMEOUT]
         assert scorer.result(scorer.submit(["a", "b"], ["a", "c"])) == [CORRECT, WRONG]
+
+
+@pytest.mark.parametrize(
+    "fields, response",
+    [({"answer_format": "expression"}, DEEP_PARENS),  # stopped by the worker's own timer
+     ({"answer_format": "expression"}, r"\boxed{(x+1)^{2000}}"),  # sympy: ~16 s untimed
+     ({"fn": "rewards_user_fns:stuck_on_hang"}, "hang")],  # deaf to signals: killed by the pool
+)
+def test_a_slow_item_is_answered_within_a_second_of_the_timeout(fields, response):
+    # issue 13 item 11: whole-second alarms and a 1.5 s kill grace let a verdict take up to 6.3 s at 5 s
+    with _scorer(num_workers=1, **fields) as scorer:
+        _warm(scorer)
+        start = time.monotonic()
+        assert scorer.result(scorer.submit([response], ["69"])) == [TIMEOUT]
+        assert time.monotonic() - start < TIMEOUT_S + 1.0
+
+
+def test_a_worker_is_replaced_after_worker_max_items():
+    with _scorer(answer_format="number", num_workers=1, worker_max_items=3) as scorer:
+        pids, verdicts = [], []
+        for batch in range(3):
+            pids.append(scorer.worker_pids()[0])
+            verdicts += scorer.result(scorer.submit([r"\boxed{1}", r"\boxed{2}", r"\boxed{3}"], ["1", "1", "3"]))
+        assert verdicts == [CORRECT, WRONG, CORRECT] * 3
+        assert len(set(pids + scorer.worker_pids())) == 4
+
+
+def _big_power_stream(count: int) -> list[str]:
+    """Answers whose 30,000-bit integers sympy caches: a worker grows ~0.14 MB per item, to ~330 MB in 2,560."""
+    return [rf"\boxed{{{index + 2}^{{30000}}}}" for index in range(count)]
+
+
+def _rss_mb(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def test_a_long_adversarial_stream_stays_under_worker_max_rss_mb():
+    with _scorer(answer_format="expression", num_workers=1) as probe:
+        _warm(probe)
+        limit_mb = round(_rss_mb(probe.worker_pids()[0])) + 8
+    # timeout_s 5: on a loaded machine a 1 s limit can time out a big power, and timing is not the point here
+    fields = {"answer_format": "expression", "num_workers": 1, "timeout_s": 5.0, "worker_max_items": None}
+    with _scorer(worker_max_rss_mb=limit_mb, **fields) as scorer:
+        pids, peak_mb = set(), 0.0
+        stream = _big_power_stream(160)
+        for lo in range(0, len(stream), 8):
+            batch = stream[lo: lo + 8]
+            assert scorer.result(scorer.submit(batch, ["7"] * len(batch))) == [WRONG] * len(batch)
+            pid = scorer.worker_pids()[0]
+            pids.add(pid)
+            peak_mb = max(peak_mb, _rss_mb(pid))
+    assert len(pids) > 1
+    assert peak_mb < limit_mb + 8  # at most one batch of growth past the limit before the check replaces it
 
 
 def test_user_fn_failures_are_counted_as_errors_and_logged(caplog):

@@ -17,7 +17,9 @@ def test_good_paths_load_the_function():
     "path, message",
     [("no_colon", "must look like"), ("a:b:c", "must look like"), (":verify", "must look like"),
      ("tokenpo.rewards:", "must look like"), ("tokenpo.no_such_module:f", "cannot import module"),
-     ("tokenpo.rewards:no_such_fn", "has no attribute"), ("rewards_user_fns:NOT_A_FUNCTION", "not a function")],
+     ("tokenpo.rewards:no_such_fn", "has no attribute"), ("rewards_user_fns:NOT_A_FUNCTION", "not a function"),
+     # (fn, response, gold): one argument too many for verify's (response, gold)
+     ("tokenpo.rewards.user_fn:user_fn_verdict", r"must take \(response, gold\), its signature is \(fn: ")],
 )
 def test_bad_paths_raise_config_error_naming_reward_fn(path, message):
     with pytest.raises(ConfigError, match=message) as error:

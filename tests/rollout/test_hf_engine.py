@@ -97,3 +97,9 @@ def test_same_generator_seed_gives_same_samples(model):
 def test_tiny_top_p_keeps_only_the_argmax(model):
     nucleus = run(model, PROMPTS, SamplingParams(2, MAX_NEW, 1.0, 1e-6, (EOS,), True), seed=5)
     assert nucleus.token_ids == run(model, PROMPTS, greedy(2, True)).token_ids
+
+
+@pytest.mark.filterwarnings("error")
+def test_sampling_warns_nothing(model):
+    """The KV cache goes in under the keyword this transformers release takes (`past_key_values` warns in 5.x)."""
+    assert len(run(model, PROMPTS, SamplingParams(2, 3, 1.0, 1.0, (), True)).token_ids) == 2 * len(PROMPTS)

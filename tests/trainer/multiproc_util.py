@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+import torch.distributed
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -91,3 +94,20 @@ def by_step(records: list[dict]) -> dict[int, dict]:
 def deterministic(record: dict) -> dict:
     """A metrics record without its clock-dependent entries."""
     return {k: v for k, v in record.items() if not k.startswith(CLOCK_PREFIXES)}
+
+
+@contextlib.contextmanager
+def in_process_training():
+    """For train_run() in the test process: afterwards leave its process group of one, the RANK/WORLD_SIZE
+    variables and the SIGINT/SIGTERM handlers it installed."""
+    saved_env, saved_signals = dict(os.environ), {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    was_initialized = torch.distributed.is_initialized()
+    try:
+        yield
+    finally:
+        if torch.distributed.is_initialized() and not was_initialized:
+            torch.distributed.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for sig, handler in saved_signals.items():
+            signal.signal(sig, handler)

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from multiproc_util import SMALL, by_step, cli_env, read_metrics
@@ -71,6 +72,52 @@ def test_sigterm_to_the_job_is_forwarded_to_every_worker(tmp_path):
     assert (status, forwarded) == (0, signal.SIGTERM)
     assert [w.returncode for w in workers] == [0, 0]
     assert signal.getsignal(signal.SIGTERM) == own_handler
+
+
+# a worker that calls die_with_launcher, then creates the file named by its first argument (if any) and sleeps
+DYING_WORKER = ("from tokenpo.trainer.launch import die_with_launcher; import pathlib, sys, time; die_with_launcher(); "
+                "[pathlib.Path(name).touch() for name in sys.argv[1:]]; time.sleep(60)")
+
+
+def gone(pid: int) -> bool:
+    """Exited (a zombie counts: its new parent may be slow to reap it, or never reap it in a container)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_until_gone(pids: list[int], timeout: float) -> list[int]:
+    """The pids still running after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while any(not gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [pid for pid in pids if not gone(pid)]
+
+
+def test_a_worker_dies_when_its_job_is_killed(tmp_path):
+    ready = tmp_path / "ready"
+    # the "job" starts a worker with the launcher's environment, reports its pid, then waits
+    job_code = ("import subprocess, sys, time; from tokenpo.trainer.launch import worker_env; "
+                f"w = subprocess.Popen([sys.executable, '-c', {DYING_WORKER!r}, {str(ready)!r}], "
+                "env=worker_env(0, 1, 0)); "
+                "print(w.pid, flush=True); time.sleep(60)")
+    job = subprocess.Popen([PY, "-c", job_code], stdout=subprocess.PIPE, text=True)
+    worker = int(job.stdout.readline())
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert time.monotonic() < deadline and not gone(worker), "worker did not start"
+        time.sleep(0.05)
+    job.kill()
+    job.wait()
+    assert wait_until_gone([worker], timeout=5) == []
+
+
+def test_a_worker_whose_job_died_before_it_started_kills_itself():
+    # the parent is this test process, not the "launcher" the environment names: it died already
+    env = dict(os.environ, **{launch.LAUNCHER_PID: str(os.getpid() + 1_000_000)})
+    worker = subprocess.run([PY, "-c", DYING_WORKER], env=env, timeout=60)
+    assert worker.returncode == -signal.SIGKILL
 
 
 def test_exit_status_of_a_signalled_worker():
@@ -162,6 +209,25 @@ def test_nproc_two_zero3_stops_on_sigterm_then_resumes(tmp_path):
     assert f"resumed from {run_dir / 'checkpoints' / f'step_{stopped:06d}'} at step {stopped}" in console
     assert f"step {stopped + 1} |" in (run_dir / "train.log").read_text()
     assert_exported_policy(run_dir / "final")
+
+
+@pytest.mark.multiproc
+def test_killing_the_job_kills_its_workers(tmp_path):
+    run_dir = tmp_path / "run"
+    job = subprocess.Popen([PY, "-m", "tokenpo.train", *SMALL, "trainer.nproc=2", "trainer.max_steps=4",
+                            f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    # the workers evaluated the untrained policy: they are past start-up
+    wait_for_step(run_dir / "metrics.jsonl", 0, job)
+    workers = [child.pid for child in psutil.Process(job.pid).children()]
+    assert len(workers) == 2
+    # and what they started (reward workers)
+    descendants = [child.pid for child in psutil.Process(job.pid).children(recursive=True)]
+    job.kill()
+    job.wait()
+    assert wait_until_gone(workers, timeout=5) == []
+    assert wait_until_gone(descendants, timeout=5) == []
+    assert not (run_dir / "final").exists()
 
 
 @pytest.mark.multiproc

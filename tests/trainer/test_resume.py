@@ -49,6 +49,11 @@ def test_killed_save_left_the_previous_checkpoint_in_use(runs):
     assert not list((checkpoints / "step_000002" / "state").glob("partial_rank*"))
     meta = json.loads((checkpoints / "step_000003" / "tokenpo.json").read_text())
     assert meta == {"step": 3, "world_size": 2, "zero_stage": 3}
+    # the manifest, written once both ranks finished, lists every file of the folder
+    files = {str(p.relative_to(checkpoints / "step_000003")) for p in (checkpoints / "step_000003").rglob("*")
+             if p.is_file()}
+    manifest = json.loads((checkpoints / "step_000003" / "manifest.json").read_text())
+    assert set(manifest) == files - {"manifest.json"} and {"rng_rank0.pt", "rng_rank1.pt"} <= set(manifest)
     assert sorted(p.name for p in (checkpoints / "step_000003").glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
 
 
@@ -60,3 +65,10 @@ def test_resumed_run_continues_wandb_run_and_clock(runs):
     b = by_step(read_metrics(runs / "B"))
     # elapsed time goes on from the checkpoint's instead of restarting at zero
     assert b[2]["time/elapsed_s"] >= b[1]["time/elapsed_s"] + b[2]["timing/step_s"]
+
+
+def test_generated_token_total_continues_across_the_resume(runs):
+    a, b = by_step(read_metrics(runs / "A")), by_step(read_metrics(runs / "B"))
+    # the running total comes back from the checkpoint's history: no restart at zero after step 1
+    assert b[0]["tokens/generated_total"] == 0.0
+    assert b[3]["tokens/generated_total"] == sum(a[step]["tokens/generated"] for step in (1, 2, 3)) > 0

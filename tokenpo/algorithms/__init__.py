@@ -13,7 +13,7 @@ from tokenpo.algorithms.config import (
     needs_entropy,
     needs_reference,
 )
-from tokenpo.algorithms.dynamic_sampling import select_mixed_groups
+from tokenpo.algorithms.dynamic_sampling import partial_batch_size, prompts_per_round, select_mixed_groups
 from tokenpo.algorithms.kl import ENTROPY_REFERENCES, KL_ESTIMATORS, KL_MASKS, kl_mask_entropy_reference, kl_penalty
 from tokenpo.algorithms.losses import clipped_surrogate, policy_loss
 from tokenpo.algorithms.metrics import entropy_by_polarity, mean_by_polarity
@@ -40,7 +40,9 @@ __all__ = [
     "mean_by_polarity",
     "needs_entropy",
     "needs_reference",
+    "partial_batch_size",
     "policy_loss",
+    "prompts_per_round",
     "select_mixed_groups",
     "shape_rewards",
     "token_advantages",

@@ -6,13 +6,14 @@ always detached (the gradient flows through the ratio, never through an advantag
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor
 
 from tokenpo.algorithms.masked import dense_group_index, group_reduce, sequence_mean
-from tokenpo.algorithms.registry import Registry
+from tokenpo.registry import Registry
 
 if TYPE_CHECKING:
     from tokenpo.algorithms.config import AdvantageConfig, AlgorithmConfig
@@ -21,8 +22,11 @@ SCALES = ("std", "none")
 
 # estimator(cfg.advantage, rewards [B], correct [B] bool, dense group index [B], mask, entropy) -> [B, T]
 ADVANTAGES = Registry("advantage estimator")
+# norm(token rewards r̃ [B, T], pools [B, T], positive [B, T] bool, standardize) -> advantages [B, T];
+# standardize(values, pools=, center=) is pooled_standardize with the step's weights, scale and eps bound
 GTPO_NORMS = Registry("GTPO normalisation")
-NORM_SCOPES = Registry("normalisation scope")
+# scope(dense group index [B]) -> pool id [B]: the responses one statistic or one entropy share runs over
+SCOPES = Registry("scope")
 STATS_WEIGHTS = Registry("statistics weighting")
 
 # float sums of 1/|o_i| land a hair off the integer member count; a pool needs two members
@@ -58,8 +62,9 @@ def pooled_standardize(
 
 
 def group_advantages(rewards: Tensor, group_ids: Tensor, scale: str = "std", eps: float = 1e-6) -> Tensor:
-    """GRPO group advantage [B]: A_i = (R_i − mean_g R) / (std_g R + eps), unbiased std;
-    scale="none" drops the std (Dr. GRPO). A group of size 1 gets 0."""
+    """GRPO group advantage [B]: A_i = (R_i − mean_g R) / (std_g R + eps), unbiased std (outcome supervision,
+    DeepSeekMath arXiv 2402.03300 §4.1.2); scale="none" drops the std (Dr. GRPO, arXiv 2503.20783).
+    A group of size 1 gets 0."""
     if scale not in SCALES:
         raise ValueError(f"unknown advantage scale {scale!r}; known: {', '.join(SCALES)}")
     index = dense_group_index(group_ids)
@@ -79,10 +84,12 @@ def entropy_weighted_rewards(
     """Dynamic entropy weighting, shared by GTPO (per position t) and GRPO-S (per sequence).
 
     `entropy` and `active` are [B, T] (GTPO: H_{i,t}, mask) or [B] (GRPO-S: Ĥ_i, non-empty);
-    `rewards` and `correct` are [B] or [B, 1] to broadcast against them. Within each group:
+    `rewards` and `correct` are [B] or [B, 1] to broadcast against them. `index` [B] names the
+    pool the shares and counts run over (a group, or one pool for the whole batch). Within each pool:
       O+ : w1·R_i + w2 · H_i / Σ_{k∈O+ active} H_k · d       (GTPO Eq. 3; d = active O+ count)
       O− : w1·R_j − w2 · (1/H_j) / Σ_{k∈O− active} (1/H_k) · h  (GTPO Eq. 5; h = active O− count)
-    With the paper's rewards R = ±1 the O− base term is −w1. Inactive entries are 0.
+    With the paper's rewards R = ±1 the O− base term is −w1. Inactive entries are 0. The count
+    scales with the pool, so the bonus (penalty) averages w2 per active O+ (O−) entry at each t.
     """
     positive = correct * active
     negative = ~correct * active
@@ -104,15 +111,16 @@ def grpo_advantages(
 def gtpo_advantages(
     cfg: AdvantageConfig, rewards: Tensor, correct: Tensor, index: Tensor, mask: Tensor, entropy: Tensor | None
 ) -> Tensor:
-    """GTPO: entropy-weighted token rewards (Eq. 3, 5) standardised per `norm`/`scope` (Eq. 6)."""
+    """GTPO: entropy-weighted token rewards (Eq. 3, 5; shares over `share_scope`) standardised
+    per `norm` over `scope` (Eq. 6)."""
+    share_pools = SCOPES.get(cfg.share_scope)(index)
     token_rewards = entropy_weighted_rewards(
-        rewards.unsqueeze(-1), correct.unsqueeze(-1), index, entropy, mask, cfg.alpha1, cfg.alpha2, cfg.eps
+        rewards.unsqueeze(-1), correct.unsqueeze(-1), share_pools, entropy, mask, cfg.alpha1, cfg.alpha2, cfg.eps
     )
-    pools, center = GTPO_NORMS.get(cfg.norm)(NORM_SCOPES.get(cfg.scope)(index), correct)
     weights = STATS_WEIGHTS.get(cfg.stats_weight)(mask)
-    advantages = pooled_standardize(
-        token_rewards, weights, pools.unsqueeze(-1).expand_as(mask), center=center, scale=cfg.scale == "std", eps=cfg.eps
-    )
+    standardize = partial(pooled_standardize, weights=weights, scale=cfg.scale == "std", eps=cfg.eps)
+    pools = SCOPES.get(cfg.scope)(index).unsqueeze(-1).expand_as(mask)
+    advantages = GTPO_NORMS.get(cfg.norm)(token_rewards, pools, correct.unsqueeze(-1).expand_as(mask), standardize)
     return advantages * mask
 
 
@@ -120,44 +128,59 @@ def gtpo_advantages(
 def grpo_s_advantages(
     cfg: AdvantageConfig, rewards: Tensor, correct: Tensor, index: Tensor, mask: Tensor, entropy: Tensor | None
 ) -> Tensor:
-    """GRPO-S: rewards from the sequence entropy Ĥ_i = mean_t H_{i,t}, standardised jointly
-    over the group's non-empty responses (sign kept), broadcast to tokens."""
+    """GRPO-S: rewards from the sequence entropy Ĥ_i = mean_t H_{i,t} (shares over
+    `share_scope`), standardised jointly over the group's non-empty responses (sign kept),
+    broadcast to tokens."""
     non_empty = (mask.sum(-1) > 0).to(mask.dtype)
+    share_pools = SCOPES.get(cfg.share_scope)(index)
     sequence_rewards = entropy_weighted_rewards(
-        rewards, correct, index, sequence_mean(entropy, mask), non_empty, cfg.beta1, cfg.beta2, cfg.eps
+        rewards, correct, share_pools, sequence_mean(entropy, mask), non_empty, cfg.beta1, cfg.beta2, cfg.eps
     )
     advantages = pooled_standardize(sequence_rewards, non_empty, index, center=True, scale=cfg.scale == "std", eps=cfg.eps)
     return advantages.unsqueeze(-1) * mask
 
 
-@NORM_SCOPES.register("group")
+@SCOPES.register("group")
 def group_scope(index: Tensor) -> Tensor:
-    """Eq. 6 statistics over one prompt's responses."""
+    """One prompt's responses."""
     return index
 
 
-@NORM_SCOPES.register("batch")
+@SCOPES.register("batch")
 def batch_scope(index: Tensor) -> Tensor:
-    """Eq. 6 statistics over the whole step batch."""
+    """The whole step batch (GTPO §4: entropy compared at batch level)."""
     return torch.zeros_like(index)
 
 
 @GTPO_NORMS.register("joint")
-def joint_norm(scope: Tensor, correct: Tensor) -> tuple[Tensor, bool]:
+def joint_norm(token_rewards: Tensor, pools: Tensor, positive: Tensor, standardize: Callable[..., Tensor]) -> Tensor:
     """One mean/std over O+ ∪ O− tokens: keeps the ±α1 correctness sign."""
-    return scope, True
+    return standardize(token_rewards, pools=pools, center=True)
 
 
 @GTPO_NORMS.register("per_polarity")
-def per_polarity_norm(scope: Tensor, correct: Tensor) -> tuple[Tensor, bool]:
-    """Eq. 6 read literally: O+ and O− standardised separately (each becomes zero-mean)."""
-    return scope * 2 + correct.long(), True
+def per_polarity_norm(token_rewards: Tensor, pools: Tensor, positive: Tensor, standardize: Callable[..., Tensor]) -> Tensor:
+    """GTPO Eq. 6, reading (a): O+ and O− each over their own tokens only; each becomes
+    zero-mean, which erases the ±α1 correctness signal (all 0 at α2 = 0)."""
+    return standardize(token_rewards, pools=pools * 2 + positive.long(), center=True)
+
+
+@GTPO_NORMS.register("per_polarity_padded")
+def per_polarity_padded_norm(
+    token_rewards: Tensor, pools: Tensor, positive: Tensor, standardize: Callable[..., Tensor]
+) -> Tensor:
+    """GTPO Eq. 6, reading (b): r̃+ and r̃− each over all tokens of the pool, the other
+    polarity's tokens counting as 0; keeps the sign and equals joint at α2 = 0."""
+    zero = torch.zeros_like(token_rewards)
+    positive_part = standardize(torch.where(positive, token_rewards, zero), pools=pools, center=True)
+    negative_part = standardize(torch.where(positive, zero, token_rewards), pools=pools, center=True)
+    return torch.where(positive, positive_part, negative_part)
 
 
 @GTPO_NORMS.register("scale_only")
-def scale_only_norm(scope: Tensor, correct: Tensor) -> tuple[Tensor, bool]:
+def scale_only_norm(token_rewards: Tensor, pools: Tensor, positive: Tensor, standardize: Callable[..., Tensor]) -> Tensor:
     """Divide by the joint std without subtracting the mean."""
-    return scope, False
+    return standardize(token_rewards, pools=pools, center=False)
 
 
 @STATS_WEIGHTS.register("sequence")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenpo.algorithms.masked import sequence_mean
-from tokenpo.algorithms.registry import Registry
+from tokenpo.registry import Registry
 
 AGGREGATIONS = Registry("aggregation mode")
 
@@ -38,25 +38,27 @@ class LossNorm:
 
 @AGGREGATIONS.register("token-mean")
 def token_mean(loss_tok: torch.Tensor, mask: torch.Tensor, norm: LossNorm) -> torch.Tensor:
-    """Σ L·mask / Σ mask over the global batch (DAPO token-level loss)."""
+    """Σ L·mask / Σ mask over the global batch (DAPO token-level policy-gradient loss, arXiv 2503.14476 §3.3)."""
     return (loss_tok * mask).sum() / max(norm.num_tokens, 1.0)
 
 
 @AGGREGATIONS.register("seq-mean-token-mean")
 def seq_mean_token_mean(loss_tok: torch.Tensor, mask: torch.Tensor, norm: LossNorm) -> torch.Tensor:
-    """(1/num_seqs) · Σ_i (Σ_t L·mask / |o_i|) (GRPO; GSPO and GRPO-S one term per sequence)."""
+    """(1/num_seqs) · Σ_i (Σ_t L·mask / |o_i|): the 1/G Σ_i 1/|o_i| Σ_t of the GRPO objective (DeepSeekMath
+    arXiv 2402.03300 §4.1.1); GSPO (arXiv 2507.18071 Eq. 5) and GRPO-S have one term per sequence."""
     return sequence_mean(loss_tok, mask).sum() / max(norm.num_seqs, 1.0)
 
 
 @AGGREGATIONS.register("seq-mean-token-sum")
 def seq_mean_token_sum(loss_tok: torch.Tensor, mask: torch.Tensor, norm: LossNorm) -> torch.Tensor:
-    """(1/num_seqs) · Σ_i Σ_t L·mask."""
+    """(1/num_seqs) · Σ_i Σ_t L·mask (verl's `seq-mean-token-sum`; no paper of ours uses it)."""
     return (loss_tok * mask).sum() / max(norm.num_seqs, 1.0)
 
 
 @AGGREGATIONS.register("seq-mean-token-sum-norm")
 def seq_mean_token_sum_norm(loss_tok: torch.Tensor, mask: torch.Tensor, norm: LossNorm) -> torch.Tensor:
-    """Σ L·mask / (num_seqs · L_max), a constant normaliser (Dr. GRPO)."""
+    """Σ L·mask / (num_seqs · L_max), a constant normaliser instead of 1/|o_i| (the Dr. GRPO objective,
+    arXiv 2503.20783)."""
     return (loss_tok * mask).sum() / max(norm.num_seqs * norm.max_len, 1.0)
 
 

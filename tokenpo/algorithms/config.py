@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from tokenpo.algorithms.advantages import ADVANTAGES, GTPO_NORMS, NORM_SCOPES, SCALES, STATS_WEIGHTS
+from tokenpo.algorithms.advantages import ADVANTAGES, GTPO_NORMS, SCALES, SCOPES, STATS_WEIGHTS
 from tokenpo.algorithms.aggregation import AGGREGATIONS
+from tokenpo.algorithms.dynamic_sampling import ON_EXHAUSTED
 from tokenpo.algorithms.kl import ENTROPY_REFERENCES, KL_ESTIMATORS, KL_MASKS, KL_TARGETS
 from tokenpo.algorithms.ratios import RATIOS
 from tokenpo.errors import ConfigError
@@ -32,7 +33,10 @@ def _require_choice(value: str, known: Iterable[str], key: str) -> None:
 
 
 @dataclass
-class RewardConfig:
+class RewardValuesConfig:
+    """Sequence reward of a correct and of a wrong answer (before shaping); not the `reward` section
+    (tokenpo.rewards.RewardConfig), which says how answers are checked."""
+
     correct: float = 1.0
     wrong: float = 0.0
 
@@ -47,6 +51,7 @@ class ShapingConfig:
     overlong_filter: bool = False
     grop: bool = False
     grop_gamma1: float = 0.75
+    grop_medium: bool = True
 
     def validate(self, path: str) -> None:
         frac = self.overlong_cache_frac
@@ -65,6 +70,7 @@ class AdvantageConfig:
     beta2: float = 0.1
     norm: str = "joint"
     scope: str = "group"
+    share_scope: str = "group"
     stats_weight: str = "sequence"
 
     def validate(self, path: str) -> None:
@@ -75,7 +81,8 @@ class AdvantageConfig:
             value = getattr(self, name)
             _require(value >= 0, f"{path}.{name}", ">= 0", value)
         _require_choice(self.norm, GTPO_NORMS.names(), f"{path}.norm")
-        _require_choice(self.scope, NORM_SCOPES.names(), f"{path}.scope")
+        _require_choice(self.scope, SCOPES.names(), f"{path}.scope")
+        _require_choice(self.share_scope, SCOPES.names(), f"{path}.share_scope")
         _require_choice(self.stats_weight, STATS_WEIGHTS.names(), f"{path}.stats_weight")
 
 
@@ -117,16 +124,21 @@ class LossConfig:
 @dataclass
 class DynamicSamplingConfig:
     enabled: bool = False
-    max_gen_batches: int = 3
+    # the verl DAPO recipe's values (recipe/dapo/run_dapo_qwen2.5_32b.sh)
+    max_gen_batches: int = 10
+    oversample: float = 3.0
+    on_exhausted: str = "error"
 
     def validate(self, path: str) -> None:
         _require(self.max_gen_batches >= 1, f"{path}.max_gen_batches", ">= 1", self.max_gen_batches)
+        _require(self.oversample >= 1, f"{path}.oversample", ">= 1", self.oversample)
+        _require_choice(self.on_exhausted, ON_EXHAUSTED, f"{path}.on_exhausted")
 
 
 @dataclass
 class AlgorithmConfig:
     name: str = "grpo"
-    reward: RewardConfig = field(default_factory=RewardConfig)
+    reward: RewardValuesConfig = field(default_factory=RewardValuesConfig)
     shaping: ShapingConfig = field(default_factory=ShapingConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     ratio: RatioConfig = field(default_factory=RatioConfig)

@@ -1,6 +1,8 @@
-"""DAPO dynamic sampling: which groups carry a learning signal."""
+"""DAPO dynamic sampling (arXiv 2503.14476 §3.2): which groups carry a learning signal."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -16,3 +18,20 @@ def select_mixed_groups(rewards: torch.Tensor, group_ids: torch.Tensor, needed: 
         rewards_by_group.setdefault(group, set()).add(reward)
     mixed = [group for group, seen in rewards_by_group.items() if len(seen) > 1]
     return mixed[:needed]
+
+
+# what a step does when max_gen_batches rounds found fewer mixed groups than prompts_per_step
+ON_EXHAUSTED = ("error", "fill", "keep_partial")
+
+
+def prompts_per_round(prompts_per_step: int, oversample: float, world_size: int) -> int:
+    """Prompts drawn in every generation round: verl's DAPO `gen_batch_size` = ceil(oversample · prompts_per_step)
+    (its recipe: 3 × the train batch), rounded up to a multiple of world_size so every rank generates as many."""
+    drawn = math.ceil(oversample * prompts_per_step)
+    return math.ceil(drawn / world_size) * world_size
+
+
+def partial_batch_size(mixed_groups: int, parts: int) -> int:
+    """Groups kept when rounds run out under `keep_partial`: the most of `mixed_groups` that split evenly
+    over `parts` = ranks × mini-batches (possibly 0: then the step has no update)."""
+    return mixed_groups // parts * parts

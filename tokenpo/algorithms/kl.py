@@ -8,7 +8,7 @@ import torch
 
 from tokenpo.algorithms.masked import dense_group_index, group_reduce, masked_mean
 from tokenpo.algorithms.ratios import LOG_RATIO_CLAMP
-from tokenpo.algorithms.registry import Registry
+from tokenpo.registry import Registry
 
 if TYPE_CHECKING:
     from tokenpo.algorithms.config import AlgorithmConfig
@@ -26,24 +26,26 @@ ENTROPY_REFERENCES = Registry("KL-mask entropy reference")
 
 @KL_ESTIMATORS.register("k1")
 def k1(d: torch.Tensor) -> torch.Tensor:
-    """−d, unbiased, can be negative."""
+    """−d, unbiased, can be negative (k1 of Schulman, "Approximating KL Divergence", 2020)."""
     return -d
 
 
 @KL_ESTIMATORS.register("k2")
 def k2(d: torch.Tensor) -> torch.Tensor:
-    """d² / 2."""
+    """d² / 2 (k2 of Schulman, "Approximating KL Divergence", 2020)."""
     return d**2 / 2
 
 
 @KL_ESTIMATORS.register("k3")
 def k3(d: torch.Tensor) -> torch.Tensor:
-    """exp(d) − d − 1, unbiased and non-negative (GRPO's KL term)."""
+    """exp(d) − d − 1, unbiased and non-negative (k3: GRPO's KL estimator, DeepSeekMath arXiv 2402.03300
+    §4.1.1)."""
     return torch.exp(d) - d - 1
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """[B, T] per-token estimate of KL(π_θ ‖ π_ref) from d = logp_ref − logp_θ, clamped to [−10, 10]."""
+    """[B, T] per-token estimate of KL(π_θ ‖ π_ref) from d = logp_ref − logp_θ, clamped to [−10, 10]: the
+    β·D_KL term of the GRPO objective (DeepSeekMath arXiv 2402.03300 §4.1.1), added per token to the loss."""
     d = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return KL_ESTIMATORS.get(estimator)(d).clamp(-KL_CLAMP, KL_CLAMP)
 
@@ -56,7 +58,8 @@ def no_kl_mask(advantages, entropy, entropy_ref, mask: torch.Tensor) -> torch.Te
 
 @KL_MASKS.register("tepo", needs_entropy=True)
 def tepo_kl_mask(advantages: torch.Tensor, entropy: torch.Tensor, entropy_ref: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """TEPO (reconstruction): M_{i,t} = [A_{i,t} > 0] · [H_θ(i,t) < H_ref(i,t)] on real tokens."""
+    """TEPO (arXiv 2604.12736; reconstructed from its abstract, no equations published):
+    M_{i,t} = [A_{i,t} > 0] · [H_θ(i,t) < H_ref(i,t)] on real tokens."""
     selected = (advantages > 0) & (entropy.detach() < entropy_ref.detach())
     return selected.to(mask.dtype) * mask
 

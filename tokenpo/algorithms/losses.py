@@ -24,7 +24,11 @@ def clipped_surrogate(
     dual_clip: float | None = None,
 ) -> torch.Tensor:
     """[B, T] L = max(−A·w, −A·clip(w, 1 − ε_low, 1 + ε_high)); with dual clip c and A < 0,
-    min(L, −A·c) bounds the loss of a negative token whose ratio exploded."""
+    min(L, −A·c) bounds the loss of a negative token whose ratio exploded.
+
+    The clipped term of the GRPO objective (DeepSeekMath arXiv 2402.03300 §4.1.1), with DAPO's decoupled
+    ε_low / ε_high (clip-higher, arXiv 2503.14476 §3.1); dual clip from dual-clip PPO (Ye et al., 2020).
+    """
     loss = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - clip_low, 1 + clip_high))
     if dual_clip is None:
         return loss

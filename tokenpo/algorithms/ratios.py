@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tokenpo.algorithms.masked import sequence_mean
-from tokenpo.algorithms.registry import Registry
+from tokenpo.registry import Registry
 
 # exp of a log ratio beyond this overflows or drowns the batch; the spec clamps before exp
 LOG_RATIO_CLAMP = 20.0
@@ -24,25 +24,27 @@ def per_token(per_sequence: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 @RATIOS.register("token")
 def token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """w_{i,t} = π_θ(o_{i,t}) / π_old(o_{i,t}) (PPO / GRPO token ratio)."""
+    """w_{i,t} = π_θ(o_{i,t}) / π_old(o_{i,t}) (PPO / GRPO token ratio: DeepSeekMath arXiv 2402.03300 §4.1.1,
+    the ratio inside the GRPO objective)."""
     return exp_clamped(logp - old_logp)
 
 
 @RATIOS.register("sequence_arithmetic")
 def sequence_arithmetic_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """ŵ_i = mean_t w_{i,t} (GRPO-S sequence ratio, GTPO paper App. C)."""
+    """ŵ_i = mean_t w_{i,t} (GRPO-S sequence ratio, GTPO paper arXiv 2508.04349 App. C)."""
     return per_token(sequence_mean(token_ratio(logp, old_logp, mask), mask), logp)
 
 
 @RATIOS.register("sequence_geometric")
 def sequence_geometric_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """s_i = exp(mean_t log w_{i,t}) (GSPO sequence ratio; GRPO-S geometric option, App. C)."""
+    """s_i = exp(mean_t log w_{i,t}) (GSPO sequence ratio, used in its objective Eq. 5, arXiv 2507.18071;
+    GRPO-S geometric option, App. C)."""
     return per_token(exp_clamped(sequence_mean(logp - old_logp, mask)), logp)
 
 
 @RATIOS.register("sequence_token")
 def sequence_token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """s_{i,t} = sg[s_i] · π_θ(o_{i,t}) / sg[π_θ(o_{i,t})] (GSPO-token; TEPO reconstruction):
+    """s_{i,t} = sg[s_i] · π_θ(o_{i,t}) / sg[π_θ(o_{i,t})] (GSPO-token, arXiv 2507.18071; TEPO reconstruction):
     the value of the geometric sequence ratio with the gradient of each token's own log-prob."""
     log_s = sequence_mean(logp - old_logp, mask).detach()
     return exp_clamped(per_token(log_s, logp) + logp - logp.detach())

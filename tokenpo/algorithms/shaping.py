@@ -20,26 +20,38 @@ def overlong_cache_len(shaping: ShapingConfig, max_new_tokens: int) -> int:
 
 
 def soft_overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> torch.Tensor:
-    """DAPO soft overlong punishment [B] (§3.4): 0 while |o| ≤ L_max − L_cache, then
+    """DAPO soft overlong punishment [B] (arXiv 2503.14476 §3.4): 0 while |o| ≤ L_max − L_cache, then
     ((L_max − L_cache) − |o|) / L_cache, and −1 from L_max on."""
     return ((max_len - cache_len - lengths) / cache_len).clamp(-1.0, 0.0)
 
 
-def grop_penalty(lengths: torch.Tensor, correct: torch.Tensor, group_ids: torch.Tensor, gamma1: float) -> torch.Tensor:
-    """GTPO group-relative overlong punishment [B] (App. D). In an easy group (n/G ≥ γ1) a
-    correct response longer than L+ = max((min + max)/2, mean) of the correct lengths gets
-    −½·(|o| − L+)/L+, capped at −½ (reached at 2·L+); everything else gets 0."""
-    index = dense_group_index(group_ids)
-    hits = correct.to(lengths.dtype)
-    num_correct = group_reduce(hits, index)
-    easy = num_correct / group_reduce(torch.ones_like(hits), index) >= gamma1
+def grop_length_threshold(lengths: torch.Tensor, members: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """GROP's L+ [B] (GTPO App. D): max((min + max)/2, mean) of the lengths of each group's
+    `members`, at least 1 token; undefined (NaN) in a group without members."""
     inf = torch.full_like(lengths, float("inf"))
-    shortest = group_reduce(torch.where(correct, lengths, inf), index, "amin")
-    longest = group_reduce(torch.where(correct, lengths, -inf), index, "amax")
-    mean = group_reduce(lengths * hits, index) / num_correct.clamp_min(1.0)
-    target = torch.maximum((shortest + longest) / 2, mean).clamp_min(1.0)  # L+
+    shortest = group_reduce(torch.where(members, lengths, inf), index, "amin")
+    longest = group_reduce(torch.where(members, lengths, -inf), index, "amax")
+    count = group_reduce(members.to(lengths.dtype), index)
+    mean = group_reduce(torch.where(members, lengths, torch.zeros_like(lengths)), index) / count.clamp_min(1.0)
+    return torch.maximum((shortest + longest) / 2, mean).clamp_min(1.0)
+
+
+def grop_penalty(
+    lengths: torch.Tensor, correct: torch.Tensor, group_ids: torch.Tensor, gamma1: float, medium: bool
+) -> torch.Tensor:
+    """GTPO group-relative overlong punishment [B] (App. D). A correct response longer than L+
+    gets −½·(|o| − L+)/L+, capped at −½ (reached at 2·L+), in an easy group (n/G ≥ γ1; L+ over
+    the correct lengths) and, when `medium`, in a medium group (n > m but n/G < γ1; L+ over all
+    G lengths). Wrong responses and every other group get 0."""
+    index = dense_group_index(group_ids)
+    num_correct = group_reduce(correct.to(lengths.dtype), index)
+    size = group_reduce(torch.ones_like(lengths), index)
+    easy = num_correct / size >= gamma1
+    is_medium = ~easy & (num_correct > size - num_correct) & medium
+    everyone = torch.ones_like(correct)
+    target = torch.where(easy, grop_length_threshold(lengths, correct, index), grop_length_threshold(lengths, everyone, index))
     excess = ((lengths - target) / target).clamp(0.0, 1.0)
-    return torch.where(correct & easy, -0.5 * excess, torch.zeros_like(lengths))
+    return torch.where(correct & (easy | is_medium), -0.5 * excess, torch.zeros_like(lengths))
 
 
 def shape_rewards(
@@ -63,7 +75,7 @@ def shape_rewards(
         rewards = rewards + penalty
         metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
     if shaping.grop:
-        penalty = grop_penalty(lengths, correct, group_ids, shaping.grop_gamma1)
+        penalty = grop_penalty(lengths, correct, group_ids, shaping.grop_gamma1, shaping.grop_medium)
         rewards = rewards + penalty
         metrics["reward/grop_penalty_mean"] = float(penalty.mean())
         metrics["reward/grop_penalized_frac"] = float((penalty < 0).float().mean())

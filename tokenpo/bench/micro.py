@@ -53,7 +53,8 @@ def plain_response_logprobs(model, prompt_ids, prompt_mask, response_ids, respon
 
 def step_rollout(settings: BenchSettings):
     """(model, tokenizer, cfg, prompt ids, responses) of step 1's prompts, sampled like the trainer does."""
-    from tokenpo.evaluation.benchmark import prompt_token_ids, stop_token_ids
+    from tokenpo.data.prompts import prompt_token_ids
+    from tokenpo.evaluation.benchmark import stop_token_ids
     from tokenpo.models.loading import load_model
     from tokenpo.rollout.engine import SamplingParams
     from tokenpo.rollout.hf import generate_hf

@@ -28,7 +28,7 @@ def chat_messages(problem: str, template) -> list[dict]:
 
 def check_same_prompt_ids(examples, tokenizer, template) -> None:
     """TRL tokenises conversational prompts with apply_chat_template; it must give tokenpo's exact ids."""
-    from tokenpo.evaluation.benchmark import prompt_token_ids
+    from tokenpo.data.prompts import prompt_token_ids
 
     trl_ids = tokenizer.apply_chat_template([chat_messages(e.problem, template) for e in examples],
                                             add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
@@ -38,13 +38,14 @@ def check_same_prompt_ids(examples, tokenizer, template) -> None:
 
 
 def reward_function(reward_cfg):
-    """TRL reward function: tokenpo's verdict (same answer format, pattern and fallback), 1 if correct else 0."""
+    """TRL reward function: tokenpo's verdict under the same reward settings, 1 if correct else 0."""
     from tokenpo.rewards import CORRECT, judge
 
     def arith_reward(completions, answer, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [float(judge(t, gold, answer_format=reward_cfg.answer_format, fallback=reward_cfg.fallback,
-                            answer_pattern=reward_cfg.answer_pattern) == CORRECT)
+                            answer_pattern=reward_cfg.answer_pattern,
+                            reasoning_tag=reward_cfg.reasoning_tag) == CORRECT)
                 for t, gold in zip(texts, answer, strict=True)]
 
     return arith_reward

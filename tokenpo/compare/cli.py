@@ -6,8 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from tokenpo.compare.plots import EVAL_KEY, FIGURES, TIME_KEY, plot_all
+from tokenpo.compare.plots import EVAL_KEY, FIGURES, TIME_KEY, TOKENS_KEY, plot_all
 from tokenpo.compare.runs import discover_run_dirs, find_group, group_runs, load_run, missing_metric_notes
+from tokenpo.compare.significance import RUN_VALUE, compare_to_baseline, significance_markdown, write_significance_csv
 from tokenpo.compare.stats import BANDS
 from tokenpo.compare.table import markdown_report, summarize_group, with_baseline_ratios, write_csv
 from tokenpo.compare.wandb_log import log_comparison
@@ -17,9 +18,10 @@ from tokenpo.errors import ConfigError
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="tokenpo-compare",
-        description="Compare tokenpo training runs: one PNG per metric against step and wall-clock time, "
-        "and a summary table (summary.md, summary.csv). Runs are grouped by their Hydra overrides minus "
-        "the averaged-over keys; keys equal in every run are left out of group labels.",
+        description="Compare tokenpo training runs: one PNG per metric against step, wall-clock time and generated "
+        "tokens, a summary table (summary.md, summary.csv) and, with --baseline, significance tests against it "
+        "(significance.md, significance.csv). Runs are grouped by their Hydra overrides minus the averaged-over "
+        "keys; keys equal in every run are left out of group labels.",
     )
     parser.add_argument("inputs", nargs="+", type=Path, help="Hydra multirun dirs and/or run dirs (searched recursively)")
     parser.add_argument("--out", type=Path, help="output dir (default: <first input>/compare)")
@@ -32,13 +34,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="group only by these override keys (kept in labels even when equal in every run); repeatable",
     )
     parser.add_argument(
-        "--band", choices=list(BANDS), default="std",
+        "--band", choices=BANDS.names(), default="std",
         help="band around the mean: std = mean ± sample std (ddof=1; zero width for one run), "
-        "minmax = envelope of the runs, more honest with 2-3 seeds (default: std)",
+        "minmax = envelope of the runs, more honest with 2-3 seeds, ci = 95%% Student-t interval of the mean "
+        "(none where one run logged the step) (default: std)",
     )
-    parser.add_argument("--target-metric", default=EVAL_KEY, help=f"metric for steps/time-to-target (default: {EVAL_KEY})")
+    parser.add_argument(
+        "--target-metric", default=EVAL_KEY,
+        help=f"metric for final/best values, their significance tests and steps/time/tokens-to-target (default: {EVAL_KEY})",
+    )
     parser.add_argument("--target", type=float, default=0.5, help="a run reaches the target at its first step with metric >= this (default: 0.5)")
-    parser.add_argument("--baseline", metavar="OVERRIDES", help="group the ratios are taken against, e.g. 'algorithm=grpo'")
+    parser.add_argument(
+        "--baseline", metavar="OVERRIDES",
+        help="group the ratios and significance tests are taken against, e.g. 'algorithm=grpo'",
+    )
     parser.add_argument("--wandb", action="store_true", help="also log figures and table to one W&B run (honours WANDB_MODE)")
     parser.add_argument("--wandb-project", default="tokenpo", help="W&B project (default: tokenpo)")
     return parser.parse_args(argv)
@@ -64,14 +73,23 @@ def compare(args: argparse.Namespace) -> None:
     summaries = [summarize_group(label, group, args.target_metric, args.target) for label, group in groups.items()]
     if baseline:
         summaries = with_baseline_ratios(summaries, baseline)
-    metric_keys = list(dict.fromkeys([*(key for spec in FIGURES for key in spec.panels), TIME_KEY, args.target_metric]))
+    metric_keys = list(dict.fromkeys([
+        *(key for spec in FIGURES for key in spec.panels), TIME_KEY, TOKENS_KEY, args.target_metric,
+    ]))
     notes += missing_metric_notes(groups, metric_keys)
 
     write_csv(summaries, out_dir / "summary.csv")
-    report = markdown_report(summaries, notes, args.target_metric, args.target, baseline)
+    significance, written = "", "summary.md and summary.csv"
+    if baseline:
+        tables = {which: compare_to_baseline(groups, baseline, args.target_metric, which) for which in RUN_VALUE}
+        significance = significance_markdown(tables, args.target_metric, baseline)
+        (out_dir / "significance.md").write_text(significance)
+        write_significance_csv(tables, args.target_metric, baseline, out_dir / "significance.csv")
+        written = "summary.md/.csv and significance.md/.csv"
+    report = markdown_report(summaries, notes, args.target_metric, args.target, baseline, significance)
     (out_dir / "summary.md").write_text(report)
     print(report, end="")
-    print(f"wrote {len(figures)} figures, summary.md and summary.csv to {out_dir}")
+    print(f"wrote {len(figures)} figures, {written} to {out_dir}")
     if args.wandb:
         log_comparison(figures, summaries, args.wandb_project, args.inputs[0].resolve().name)
 

@@ -1,4 +1,5 @@
-"""One PNG per metric and x axis (step, wall-clock time): a mean line per group with a band over its seeds."""
+"""One PNG per metric and x axis (step, wall-clock time, generated tokens): a mean line per group with a band over
+its seeds."""
 
 from __future__ import annotations
 
@@ -17,8 +18,13 @@ from tokenpo.compare.stats import align_on_step, mean_at_steps, reduce_band, ser
 STEP_KEY = "step"
 TIME_KEY = "time/elapsed_s"
 EVAL_KEY = "eval/accuracy"
-# x axis name (used in file names) -> axis label; against time a step's point sits at the runs' mean elapsed time
-X_AXES = {"step": "step", "time": "wall-clock time (s)"}
+# cumulative tokens generated for training (every dynamic-sampling round, all ranks), logged by the trainer
+TOKENS_KEY = "tokens/generated_total"
+# x axis name (used in file names) -> axis label; against time (tokens) a step's point sits at the runs' mean
+# elapsed time (generated tokens) at that step: the equal-compute view
+X_AXES = {"step": "step", "time": "wall-clock time (s)", "tokens": "generated tokens"}
+# the per-step record key each x axis other than step reads
+X_KEYS = {"time": TIME_KEY, "tokens": TOKENS_KEY}
 # units of the metrics that have one beyond a plain number
 UNITS = {"response_length/mean": "tokens"}
 # series with at most this many points (eval steps) get markers so single points stay visible
@@ -100,10 +106,12 @@ def plot_figure(
             if not logged:
                 continue
             xs, matrix = align_on_step([xy for _, xy in logged])
-            if x_axis == "time":
-                xs = mean_at_steps(xs, [series(run.records, TIME_KEY) for run, _ in logged])
+            if x_axis in X_KEYS:
+                xs = mean_at_steps(xs, [series(run.records, X_KEYS[x_axis]) for run, _ in logged])
                 matrix = matrix[:, ~np.isnan(xs)]
                 xs = xs[~np.isnan(xs)]
+            if not xs.size:  # e.g. runs from before the trainer logged generated tokens
+                continue
             mean, low, high = reduce_band(matrix, band)
             (line,) = axes.plot(
                 xs, mean, color=colours[label], linewidth=1.6,
@@ -131,7 +139,7 @@ def plot_figure(
 
 
 def plot_all(groups: dict[str, list[Run]], band: str, out_dir: Path) -> list[Path]:
-    """Every standard and per-benchmark figure against step and time; returns the PNGs written."""
+    """Every standard and per-benchmark figure against step, time and generated tokens; returns the PNGs written."""
     colours = group_colours(groups)
     keys = {key for runs in groups.values() for run in runs for record in run.records for key in record}
     written = []

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
 
 import numpy as np
+
+from tokenpo.compare.student_t import t_quantile
+from tokenpo.registry import Registry
+
+# two-sided 95 % intervals: the Student-t quantile t_{0.975, df}
+CI_PROB = 0.975
+
 
 def sample_std(values) -> float:
     """Sample standard deviation (ddof=1); 0 for a single value, where it is undefined."""
@@ -17,6 +24,22 @@ def mean_and_std(values) -> tuple[float | None, float | None]:
     if len(values) == 0:
         return None, None
     return float(np.mean(values)), sample_std(values)
+
+
+def ci95_half_width(values) -> float | None:
+    """Half-width of the 95 % Student-t interval of the mean, t_{0.975, n-1} * s / sqrt(n); None below 2 values."""
+    values = np.asarray(values, dtype=float)
+    if values.size < 2:
+        return None
+    return t_quantile(CI_PROB, values.size - 1) * sample_std(values) / math.sqrt(values.size)
+
+
+def mean_and_ci95(values) -> tuple[float | None, float | None, float | None]:
+    """(mean, low, high) of the 95 % Student-t interval; low and high None below 2 values, mean None for none."""
+    if len(values) == 0:
+        return None, None, None
+    centre, half = float(np.mean(values)), ci95_half_width(values)
+    return (centre, None, None) if half is None else (centre, centre - half, centre + half)
 
 
 def series(records: list[dict[str, float]], y_key: str, x_key: str = "step") -> tuple[np.ndarray, np.ndarray]:
@@ -57,20 +80,25 @@ def minmax_band(values: np.ndarray) -> tuple[float, float]:
     return float(values.min()), float(values.max())
 
 
-# band drawn around the mean line: mean ± sample std, or the min-max envelope of the runs
-BANDS: dict[str, Callable[[np.ndarray], tuple[float, float]]] = {"std": std_band, "minmax": minmax_band}
+def ci_band(values: np.ndarray) -> tuple[float, float]:
+    """95 % Student-t interval of the mean; no band (NaN) where a single run logged the step."""
+    _, low, high = mean_and_ci95(values)
+    return (np.nan, np.nan) if low is None else (low, high)
+
+
+# band drawn around the mean line: mean ± sample std, the min-max envelope of the runs, or the mean's 95 % t-interval
+BANDS = Registry("band", {"std": std_band, "minmax": minmax_band, "ci": ci_band})
 
 
 def reduce_band(matrix: np.ndarray, band: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per column: (mean, band low, band high) over the runs present there; NaN where none is."""
-    if band not in BANDS:
-        raise ValueError(f"unknown band {band!r}; known: {', '.join(BANDS)}")
+    band_of = BANDS.get(band)
     mean, low, high = (np.full(matrix.shape[1], np.nan) for _ in range(3))
     for column in range(matrix.shape[1]):
         values = matrix[:, column][~np.isnan(matrix[:, column])]
         if values.size:
             mean[column] = values.mean()
-            low[column], high[column] = BANDS[band](values)
+            low[column], high[column] = band_of(values)
     return mean, low, high
 
 

@@ -8,14 +8,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from tokenpo.data.arith import ArithConfig
 from tokenpo.data.loaders import SPLIT_SLOT, TABLE_SPECS, get_loader
-from tokenpo.data.prompts import PromptTemplate
+from tokenpo.data.prompts import OVERLONG_PROMPT, PromptTemplate
 from tokenpo.errors import ConfigError
+from tokenpo.rewards.extract import ANSWER_PATTERNS, FALLBACKS
+from tokenpo.rewards.verify import ANSWER_FORMATS
 from tokenpo.schema import from_dict
 
-# Reward defaults carried by the dataset (the reward config fills its nulls from these).
-ANSWER_FORMATS = ("number", "expression")
-ANSWER_PATTERNS = ("boxed", "answer_line")
-FALLBACKS = ("none", "last_number", "last_dollar")
+# Reward defaults carried by the dataset (the reward config fills its nulls from these). A dataset states its
+# answers' format; `auto` (guess it from each gold answer) is left to the reward config.
+DATASET_ANSWER_FORMATS = tuple(name for name in ANSWER_FORMATS if name != "auto")
 
 
 @dataclass
@@ -24,7 +25,8 @@ class DataConfig:
 
     `path` (a local file, `{split}` replaced by the split name) takes precedence over the hub; a null
     `hub_id`/`prompt_key`/`answer_key` means the named loader's default. `answer_format`, `answer_pattern` and
-    `fallback` are the dataset's reward defaults.
+    `fallback` are the dataset's reward defaults. `max_prompt_tokens` caps the rendered prompt's token count
+    (0/null: no cap); `overlong_prompt` says what a longer prompt becomes (tokenpo.data.prompts.OVERLONG_PROMPT).
     """
 
     name: str = "arith"
@@ -39,6 +41,8 @@ class DataConfig:
     max_train_examples: int | None = None
     max_eval_examples: int | None = None
     prompts_per_step: int = 8
+    max_prompt_tokens: int | None = None
+    overlong_prompt: str = "drop"
     template: PromptTemplate = field(default_factory=PromptTemplate)
     arith: ArithConfig = field(default_factory=ArithConfig)
     answer_format: str = "number"
@@ -59,8 +63,13 @@ class DataConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"data.{key} must be an integer >= 1, got {value!r}")
-        for key, choices in (("answer_format", ANSWER_FORMATS), ("answer_pattern", ANSWER_PATTERNS),
-                             ("fallback", FALLBACKS)):
+        cap = self.max_prompt_tokens
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
+            raise ConfigError(f"data.max_prompt_tokens must be an integer >= 0 or null (0 and null: no cap), "
+                              f"got {cap!r}")
+        for key, choices in (("answer_format", DATASET_ANSWER_FORMATS),
+                             ("answer_pattern", ANSWER_PATTERNS.names()), ("fallback", FALLBACKS.names()),
+                             ("overlong_prompt", OVERLONG_PROMPT)):
             if getattr(self, key) not in choices:
                 raise ConfigError(f"data.{key} must be one of {', '.join(choices)}, got {getattr(self, key)!r}")
         if self.train_split is None and self.eval_split is None:

@@ -27,14 +27,23 @@ class LoadReport:
     empty_answer: int = 0
     duplicate_problem: int = 0
     missing_field: int = 0
+    # data.max_prompt_tokens (0: no cap), how many prompts are longer, and what became of them (data.overlong_prompt)
+    max_prompt_tokens: int = 0
+    overlong_prompt: int = 0
+    overlong_action: str = "drop"
 
     @property
     def dropped(self) -> int:
-        return self.empty_problem + self.empty_answer + self.duplicate_problem + self.missing_field
+        overlong_dropped = self.overlong_prompt if self.overlong_action == "drop" else 0
+        return self.empty_problem + self.empty_answer + self.duplicate_problem + self.missing_field + overlong_dropped
 
     def summary(self) -> str:
-        return (
+        text = (
             f"{self.source} [{self.split}]: kept {self.kept} of {self.rows_read} rows; dropped "
             f"{self.empty_problem} empty problem, {self.empty_answer} empty answer, "
             f"{self.duplicate_problem} duplicate problem, {self.missing_field} missing field"
         )
+        if not self.max_prompt_tokens:
+            return text
+        fate = "dropped" if self.overlong_action == "drop" else f"kept, {self.overlong_action} when encoded"
+        return f"{text}; {self.overlong_prompt} prompts over {self.max_prompt_tokens} tokens ({fate})"

@@ -39,14 +39,28 @@ def read_rows(path: Path) -> Iterator[dict]:
     if not path.is_file():
         raise ConfigError(f"data.path {path} does not exist")
     if path.suffix == ".jsonl":
-        return _jsonl_rows(path)
+        return _utf8_checked(_jsonl_rows(path), path)
     if path.suffix == ".json":
-        return _json_rows(path)
+        return _utf8_checked(_json_rows(path), path)
     if path.suffix == ".parquet":
         return _parquet_rows(path)
     if path.suffix == ".csv":
-        return _csv_rows(path)
+        return _utf8_checked(_csv_rows(path), path)
     raise ConfigError(f"data.path {path} has an unsupported suffix (supported: {', '.join(SUFFIXES)})")
+
+
+def _utf8_checked(rows: Iterator[dict], path: Path) -> Iterator[dict]:
+    """`rows`, with a decoding error turned into a one-line ConfigError naming the file and the bad byte's offset."""
+    try:
+        yield from rows
+    except UnicodeDecodeError as error:
+        # the decoder's offset counts from the start of its read buffer, not of the file: find the byte again
+        try:
+            path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as whole:
+            error = whole
+        raise ConfigError(f"data.path {path} is not UTF-8 text: byte {error.start} is 0x{error.object[error.start]:02x} "
+                          f"({error.reason}); re-save the file as UTF-8") from error
 
 
 def _jsonl_rows(path: Path) -> Iterator[dict]:

@@ -20,7 +20,9 @@ from tokenpo.data.answers import gsm8k_final_answer, strip_dapo_wrapper
 from tokenpo.data.arith import arith_splits
 from tokenpo.data.example import Example, LoadReport
 from tokenpo.data.files import MISSING, get_field, read_rows
+from tokenpo.data.prompts import prompt_token_ids
 from tokenpo.errors import ConfigError
+from tokenpo.registry import Registry
 from tokenpo.rewards.extract import last_boxed
 
 if TYPE_CHECKING:
@@ -210,6 +212,22 @@ def load_table(spec: TableSpec, cfg: DataConfig, which: str) -> tuple[list[Examp
     return examples, report
 
 
+def check_local_files(cfg: DataConfig) -> None:
+    """Start-up check of data.path: each split's file exists, parses up to its first row, and that row holds the
+    problem and answer fields; so a bad file stops the run before a model loads. Hub datasets load later."""
+    if cfg.path is None or cfg.loader not in TABLE_SPECS:
+        return
+    spec = TABLE_SPECS[cfg.loader]
+    for which in WHICH:
+        if split_name(cfg, which) is None:
+            continue
+        rows, source = _rows(cfg, spec, split_name(cfg, which))
+        first = next(iter(rows), None)
+        if first is not None:
+            _resolve_rule("prompt_key", cfg.prompt_key, spec.prompt_rules, first, spec, source)
+            _resolve_rule("answer_key", cfg.answer_key, spec.answer_rules, first, spec, source)
+
+
 def _load_arith(cfg: DataConfig, which: str) -> tuple[list[Example], LoadReport]:
     train, held_out = arith_splits(cfg.arith)
     examples = train if which == "train" else held_out
@@ -219,24 +237,50 @@ def _load_arith(cfg: DataConfig, which: str) -> tuple[list[Example], LoadReport]
 
 
 Loader = Callable[["DataConfig", str], tuple[list[Example], LoadReport]]
-LOADERS: dict[str, Loader] = {"arith": _load_arith} | {
+LOADERS = Registry("data.loader", {"arith": _load_arith} | {
     name: partial(load_table, spec) for name, spec in TABLE_SPECS.items()
-}
+})
 
 
 def get_loader(name: str) -> Loader:
-    if name not in LOADERS:
-        raise ConfigError(f"data.loader {name!r} is unknown (known: {', '.join(LOADERS)})")
-    return LOADERS[name]
+    return LOADERS.get(name)
 
 
-def load_split(cfg: DataConfig, which: str, seed: int) -> tuple[list[Example], LoadReport]:
-    """The train or eval split (`which`) after the data.max_*_examples cap.
+def cap_prompt_lengths(examples: list[Example], cfg: DataConfig, tokenizer, report: LoadReport) -> list[Example]:
+    """Apply data.max_prompt_tokens to a split: count the prompts (rendered with data.template) over the cap in
+    `report`, and drop them (overlong_prompt drop), keep them to be truncated when encoded (truncate_*), or stop
+    with a ConfigError (error)."""
+    cap = cfg.max_prompt_tokens
+    if not cap:
+        return examples
+    if tokenizer is None:
+        raise ConfigError("data.max_prompt_tokens is set but the data was loaded without the model's tokenizer, "
+                          "so prompt tokens cannot be counted; set data.max_prompt_tokens: null")
+    lengths = [len(prompt_token_ids(ex.problem, tokenizer, cfg.template)) for ex in examples]
+    overlong = {i for i, length in enumerate(lengths) if length > cap}
+    report.max_prompt_tokens, report.overlong_prompt, report.overlong_action = cap, len(overlong), cfg.overlong_prompt
+    if overlong and cfg.overlong_prompt == "error":
+        raise ConfigError(
+            f"data.max_prompt_tokens={cap}: {len(overlong)} of {len(examples)} prompts of {report.source} "
+            f"[{report.split}] are longer (longest {max(lengths)} tokens); raise it or set data.overlong_prompt "
+            "to drop, truncate_left or truncate_middle"
+        )
+    if cfg.overlong_prompt != "drop":
+        return examples
+    kept = [ex for i, ex in enumerate(examples) if i not in overlong]
+    report.kept = len(kept)
+    return kept
 
-    The train cap is a seeded random subset (order kept); the eval cap keeps the first rows, so the same eval set
-    is used whatever the run seed.
+
+def load_split(cfg: DataConfig, which: str, seed: int, tokenizer=None) -> tuple[list[Example], LoadReport]:
+    """The train or eval split (`which`) after the data.max_prompt_tokens and data.max_*_examples caps.
+
+    The prompt cap counts tokens of `tokenizer` (required when the cap is set) and applies before the example cap,
+    so a capped split still holds max_*_examples usable problems. The train cap is a seeded random subset (order
+    kept); the eval cap keeps the first rows, so the same eval set is used whatever the run seed.
     """
     examples, report = get_loader(cfg.loader)(cfg, which)
+    examples = cap_prompt_lengths(examples, cfg, tokenizer, report)
     cap = cfg.max_train_examples if which == "train" else cfg.max_eval_examples
     if cap is not None and len(examples) > cap:
         if which == "train":
@@ -248,17 +292,18 @@ def load_split(cfg: DataConfig, which: str, seed: int) -> tuple[list[Example], L
 
 
 
-def load_splits(cfg: DataConfig, seed: int) -> tuple[list[Example], list[Example]]:
+def load_splits(cfg: DataConfig, seed: int, tokenizer=None) -> tuple[list[Example], list[Example]]:
     """(train, eval) examples; a split whose name is null comes back empty, a named split must yield examples.
 
-    Each split's drop counts are logged (a warning when rows were dropped).
+    Each split's drop counts are logged in one line (a warning when rows were dropped). `tokenizer` counts prompt
+    tokens for data.max_prompt_tokens (see load_split).
     """
     splits = []
     for which in WHICH:
         if split_name(cfg, which) is None:
             splits.append([])
             continue
-        examples, report = load_split(cfg, which, seed)
+        examples, report = load_split(cfg, which, seed, tokenizer)
         logger.log(logging.WARNING if report.dropped else logging.INFO, "data %s: %s", cfg.name, report.summary())
         if not examples:
             raise ConfigError(

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tokenpo.errors import ConfigError
 
+if TYPE_CHECKING:
+    from tokenpo.data.config import DataConfig
+
 MODES = ("chat", "raw")
 PROBLEM_SLOT = "{problem}"
+# What a prompt over data.max_prompt_tokens becomes (verl's filter_overlong_prompts and truncation left/middle/error):
+# drop it at load time, keep its last tokens, keep both ends, or stop at start-up. verl's `right` is left out: it
+# cuts the instruction and the chat template's generation prompt, so the policy would continue the question.
+OVERLONG_PROMPT = ("drop", "truncate_left", "truncate_middle", "error")
 
 
 @dataclass
@@ -50,6 +58,31 @@ def build_prompt(problem: str, tokenizer, template: PromptTemplate) -> str:
     if template.system_prompt is not None:
         messages.insert(0, {"role": "system", "content": template.system_prompt})
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def prompt_token_ids(problem: str, tokenizer, template: PromptTemplate) -> list[int]:
+    # the rendered prompt already holds the template's special tokens; the tokenizer must not add a second BOS
+    return tokenizer(build_prompt(problem, tokenizer, template), add_special_tokens=False)["input_ids"]
+
+
+def truncate_prompt(ids: list[int], max_tokens: int, overlong: str) -> list[int]:
+    """`ids` cut to `max_tokens`: truncate_left keeps the end (the question's end, the instruction and the
+    generation prompt), truncate_middle keeps the first half and the last half (the template's head as well)."""
+    if len(ids) <= max_tokens:
+        return ids
+    if overlong == "truncate_left":
+        return ids[-max_tokens:]
+    if overlong == "truncate_middle":
+        head = max_tokens // 2
+        return ids[:head] + ids[len(ids) - (max_tokens - head):]
+    raise ValueError(f"a {len(ids)}-token prompt is over data.max_prompt_tokens={max_tokens} but data.overlong_prompt "
+                     f"is {overlong!r}: such prompts must be removed when the data is loaded (load_splits)")
+
+
+def capped_prompt_ids(problem: str, tokenizer, data: DataConfig) -> list[int]:
+    """The prompt's token ids under data.template, within data.max_prompt_tokens (0 or null: no cap)."""
+    ids = prompt_token_ids(problem, tokenizer, data.template)
+    return truncate_prompt(ids, data.max_prompt_tokens, data.overlong_prompt) if data.max_prompt_tokens else ids
 
 
 def describe_template(template: PromptTemplate, tokenizer=None) -> str:

@@ -41,11 +41,13 @@ class PromptSampler:
             self._order, self._order_epoch = order, self.epoch
         return self._order
 
-    def next_batch(self) -> list[Example]:
+    def next_batch(self, size: int | None = None) -> list[Example]:
+        """The next `size` examples (default batch_size; dynamic sampling draws more per generation round)."""
+        size = self.batch_size if size is None else size
         batch: list[Example] = []
-        while len(batch) < self.batch_size:
+        while len(batch) < size:
             order = self._epoch_order()
-            take = min(self.batch_size - len(batch), len(order) - self.position)
+            take = min(size - len(batch), len(order) - self.position)
             batch.extend(self.examples[i] for i in order[self.position : self.position + take])
             self.position += take
             if self.position == len(order):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
@@ -26,6 +27,9 @@ def init_distributed(backend: str) -> None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     import deepspeed
 
+    # on the CPU DeepSpeed probes its ops by compiling test programs; setuptools logs each gcc command at INFO,
+    # which the run's console log would show on every start
+    logging.getLogger("compilers").setLevel(logging.WARNING)
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

@@ -1,4 +1,4 @@
-"""The benchmark a policy is evaluated on: its problems, its data config, prompt token ids and stop tokens.
+"""The benchmark a policy is evaluated on: its problems, its data config and stop tokens.
 
 Shared by training-time evaluation (tokenpo.trainer.loop) and `python -m tokenpo.evaluate`, so both score
 the same problems with the same prompts.
@@ -8,21 +8,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tokenpo.data import DataConfig, Example, PromptTemplate, build_prompt, data_config_from_dict, load_splits
+from tokenpo.data import DataConfig, Example, data_config_from_dict, load_splits
 from tokenpo.errors import ConfigError
 from tokenpo.evaluation.config import EvalConfig
 
 
-def load_benchmark(eval_cfg: EvalConfig, data_cfg: DataConfig, seed: int,
+def load_benchmark(eval_cfg: EvalConfig, data_cfg: DataConfig, seed: int, tokenizer,
                    data_eval: list[Example] | None = None) -> tuple[list[Example], DataConfig]:
     """(the first eval.max_problems problems, the data config they come from).
 
     eval.data set: that dataset's eval split. eval.data null: the eval split of `data_cfg`; `data_eval` is that
     split when the caller already loaded it (the trainer loads it with the training split), else it is read here.
+    `tokenizer` counts prompt tokens for the benchmark's data.max_prompt_tokens.
     """
     if eval_cfg.data is not None:
         data_cfg = data_config_from_dict(eval_cfg.data)
-        _, examples = load_splits(data_cfg, seed)
+        _, examples = load_splits(data_cfg, seed, tokenizer)
     elif data_eval is not None:
         examples = data_eval
     elif data_cfg.eval_split is None:
@@ -30,13 +31,8 @@ def load_benchmark(eval_cfg: EvalConfig, data_cfg: DataConfig, seed: int,
                           "(pick a benchmark with eval=<name> or set data.eval_split)")
     else:
         # only the eval split: a benchmark run must not need (or download) the training split
-        _, examples = load_splits(replace(data_cfg, train_split=None), seed)
+        _, examples = load_splits(replace(data_cfg, train_split=None), seed, tokenizer)
     return examples[: eval_cfg.max_problems], data_cfg
-
-
-def prompt_token_ids(problem: str, tokenizer, template: PromptTemplate) -> list[int]:
-    # the rendered prompt already holds the template's special tokens; the tokenizer must not add a second BOS
-    return tokenizer(build_prompt(problem, tokenizer, template), add_special_tokens=False)["input_ids"]
 
 
 def stop_token_ids(tokenizer, extra: tuple[int, ...]) -> tuple[int, ...]:

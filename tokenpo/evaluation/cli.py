@@ -15,16 +15,18 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from tokenpo.config import data_reward_defaults, validated
+from tokenpo.config import benchmark_reward, validated
 from tokenpo.data import DataConfig, data_config_from_dict
+from tokenpo.data.prompts import capped_prompt_ids
 from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
-from tokenpo.evaluation.benchmark import load_benchmark, prompt_token_ids, stop_token_ids
+from tokenpo.evaluation.benchmark import load_benchmark, stop_token_ids
 from tokenpo.evaluation.config import EvalConfig
 from tokenpo.evaluation.run import evaluate, sample_lines
 from tokenpo.models.config import ModelConfig
 from tokenpo.models.loading import load_model
-from tokenpo.rewards import RewardConfig, RewardScorer, resolve, reward_config_from_dict
+from tokenpo.rewards import RewardConfig, RewardScorer, reward_config_from_dict
+from tokenpo.rewards.config import DATASET_FIELDS
 from tokenpo.rollout import get_engine
 from tokenpo.rollout.config import RolloutConfig, rollout_config_from_dict
 from tokenpo.schema import from_dict
@@ -97,12 +99,18 @@ def build_eval_run(tree: DictConfig | dict) -> EvalRun:
     model = model_config_for(plain.get("model_path"), plain["dtype"], plain["attn_implementation"],
                              plain["trust_remote_code"])
     eval_cfg = validated(from_dict(EvalConfig, plain["eval"], "eval"))
+    reward = reward_config_from_dict(plain["reward"])
+    for name in DATASET_FIELDS:
+        if getattr(reward, name) is not None:
+            raise ConfigError(f"reward.{name} does not apply to evaluation (a benchmark's answers are read as its data "
+                              f"config says, as in training): set eval.data.{name}, or data.{name} when eval.data "
+                              "is null")
     output_dir = plain.get("output_dir")
     return EvalRun(
         model=model,
         eval=eval_cfg,
         data=data_config_from_dict(plain["data"]),
-        reward=reward_config_from_dict(plain["reward"]),
+        reward=reward,
         rollout=rollout_config_from_dict(plain["rollout"]),
         output_dir=Path(output_dir) if output_dir else default_output_dir(plain["model_path"], model, eval_cfg.name),
         seed=plain["seed"],
@@ -123,20 +131,20 @@ def load_policy(cfg: ModelConfig):
 
 def run_evaluation(run: EvalRun) -> tuple[dict, list[dict]]:
     """Generate, score and summarise; writes <output_dir>/eval.json and returns (metrics, records)."""
-    examples, data_cfg = load_benchmark(run.eval, run.data, run.seed)
-    reward = resolve(run.reward, data_reward_defaults(data_cfg))
     tokenizer, model = load_policy(run.model)
+    examples, data_cfg = load_benchmark(run.eval, run.data, run.seed, tokenizer)
+    reward = benchmark_reward(run.reward, data_cfg)
     engine = get_engine(run.rollout.engine)
     log.info("evaluating %s on %s: %d problems", run.model.path or run.model.hub_id, run.eval.name, len(examples))
     with RewardScorer(reward) as scorer:
         metrics, records = evaluate(
             examples,
-            lambda ex: prompt_token_ids(ex.problem, tokenizer, data_cfg.template),
+            lambda ex: capped_prompt_ids(ex.problem, tokenizer, data_cfg),
             lambda ids, params, generator: engine(model, ids, params, tokenizer.pad_token_id, generator),
             lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
             scorer,
             run.eval,
-            (reward.answer_pattern, reward.fallback),
+            (reward.answer_pattern, reward.fallback, reward.reasoning_tag),
             max_new_tokens=run.eval.max_new_tokens or run.rollout.max_new_tokens,
             stop_token_ids=stop_token_ids(tokenizer, run.rollout.eos_tokens),
             seed=run.seed,

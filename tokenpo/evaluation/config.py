@@ -34,8 +34,10 @@ class EvalConfig:
             raise ConfigError(f"eval.max_new_tokens must be >= 1 or null, got {self.max_new_tokens}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ConfigError(f"eval.temperature must be >= 0 and eval.top_p in (0, 1], got {self.temperature}, {self.top_p}")
-        bad = [k for k in self.pass_k if k < 1 or (self.n and k > self.n)]
+        bad = [k for k in self.pass_k
+               if isinstance(k, bool) or not isinstance(k, int) or k < 1 or (self.n and k > self.n)]
         if bad:
-            raise ConfigError(f"eval.pass_k values must be in [1, eval.n={self.n}], got {list(self.pass_k)}")
+            raise ConfigError(
+                f"eval.pass_k values must be whole numbers in [1, eval.n={self.n}], got {list(self.pass_k)}")
         if self.batch_size < 1:
             raise ConfigError(f"eval.batch_size must be >= 1, got {self.batch_size}")

@@ -40,13 +40,13 @@ def evaluate(
     decode: Callable[[list[list[int]]], list[str]],
     scorer,
     cfg: EvalConfig,
-    reward_pattern: tuple[str, str],
+    reward_pattern: tuple[str, str, str | None],
     *,
     max_new_tokens: int,
     stop_token_ids: tuple[int, ...],
     seed: int,
 ) -> tuple[dict[str, float], list[dict]]:
-    """Returns (metrics, per-problem records on every rank). `reward_pattern` is (answer_pattern, fallback)."""
+    """Returns (metrics, per-problem records on every rank). `reward_pattern` is (answer_pattern, fallback, reasoning_tag)."""
     rank, world = dist.rank(), dist.world_size()
     mine = examples[rank::world]
     generator = torch.Generator(device=dist.device()).manual_seed(seed * 1_000_003 + rank)
@@ -67,7 +67,8 @@ def evaluate(
                 record = records[lo + j]
                 responses = [{"response": texts[r], "verdict": verdicts[r],
                               "answer": extract_answer(texts[r], *reward_pattern),
-                              "asked_format": extract_answer(texts[r], reward_pattern[0], "none") is not None}
+                              "asked_format": extract_answer(texts[r], reward_pattern[0], "none",
+                                                             reward_pattern[2]) is not None}
                              for r in rows]
                 if kind == "greedy":
                     record["greedy"] = responses[0]

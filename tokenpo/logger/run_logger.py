@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from tokenpo.logger.config import LoggerConfig
+from tokenpo.logger.wandb_files import offline_steps
 
 log = logging.getLogger("tokenpo")
 
@@ -31,6 +32,19 @@ def _finite(value):
     return value if not isinstance(value, float) or math.isfinite(value) else None
 
 
+def read_rows(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl in file order; a line cut short by a killed process is skipped."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
 class RunLogger:
     def __init__(self, cfg: LoggerConfig, run_dir: Path, *, enabled: bool, run_name: str, group: str,
                  config: dict, resume_id: str | None = None):
@@ -49,10 +63,30 @@ class RunLogger:
                 tags=list(cfg.tags), config=config, dir=str(run_dir), mode=mode,
                 id=resume_id, resume="allow" if resume_id else None,
             )
+            if resume_id:
+                self.relog_missing(self.wandb_held_steps(run_dir, mode))
 
     @property
     def wandb_id(self) -> str | None:
         return self.wandb_run.id if self.wandb_run is not None else None
+
+    def wandb_held_steps(self, run_dir: Path, mode: str) -> set[int]:
+        """The steps the resumed W&B run holds already: an online run's server says where it stands; an offline
+        run's earlier attempts are read back from their files under `<run_dir>/wandb/`."""
+        if mode == "offline":
+            return offline_steps(run_dir / "wandb", self.wandb_run.id)
+        return set(range(self.wandb_run.starting_step))
+
+    def relog_missing(self, held: set[int]) -> None:
+        """Log to W&B again the rows of metrics.jsonl that it lacks. A killed process loses the steps W&B had not
+        written yet, while metrics.jsonl (written first, synchronously) and the checkpoint cover them."""
+        rows = [row for row in read_rows(self.path) if row["step"] not in held]
+        for row in rows:
+            # non-finite values were stored as null; W&B gets the finite ones
+            self.wandb_run.log({k: v for k, v in row.items() if k != "step" and v is not None}, step=row["step"])
+        if rows:
+            log.info("W&B run %s lacked %d step(s) of metrics.jsonl (%s): logged them again", self.wandb_run.id,
+                     len(rows), ", ".join(str(row["step"]) for row in rows))
 
     def log(self, step: int, metrics: dict) -> None:
         if not self.enabled:

@@ -20,6 +20,16 @@ class TinyConfig:
     num_heads: int = 4
     intermediate_size: int = 128
 
+    def validate(self) -> None:
+        for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"model.tiny.{key} must be >= 1, got {getattr(self, key)}")
+        # transformers' LlamaConfig rejects these only when the model is built, in a 35-line traceback
+        head_dim, rest = divmod(self.hidden_size, self.num_heads)
+        if rest or head_dim % 2:
+            raise ConfigError(f"model.tiny.num_heads={self.num_heads} must split model.tiny.hidden_size="
+                              f"{self.hidden_size} into heads of an even width (rotary embeddings rotate pairs)")
+
 
 @dataclass
 class ModelConfig:
@@ -48,9 +58,7 @@ class ModelConfig:
             raise ConfigError("model.path is required when model.source=local")
         if self.source == "gguf_package" and not (self.gguf_package and self.gguf_file):
             raise ConfigError("model.gguf_package and model.gguf_file are required when model.source=gguf_package")
-        for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
-            if getattr(self.tiny, key) < 1:
-                raise ConfigError(f"model.tiny.{key} must be >= 1, got {getattr(self.tiny, key)}")
+        self.tiny.validate()
 
 
 def model_config_from_dict(d: dict) -> ModelConfig:

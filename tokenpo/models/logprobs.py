@@ -12,14 +12,47 @@ Three savings over pushing every (prompt + response) row through the whole model
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 
+def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) [B, P] of token-id rows right-aligned to the longest one, as the sampler and the
+    trainer both lay prompts out."""
+    width = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for row, prompt in enumerate(prompt_ids):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding, exactly as the sampler saw them."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@functools.cache
+def _cache_keyword(module_type: type) -> str:
+    parameters = inspect.signature(module_type.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def kv_cache(module: torch.nn.Module, cache: DynamicCache) -> dict[str, DynamicCache]:
+    """The keyword argument that hands `cache` to `module`'s forward: recent transformers name it `cache` and
+    warn on `past_key_values` (deprecated), which is the only name older releases (>= 4.46) know."""
+    return {_cache_keyword(type(module)): cache}
+
+
+def activation_checkpointing(model: torch.nn.Module) -> bool:
+    """Whether gradient (activation) checkpointing is on in any submodule; what transformers'
+    `is_gradient_checkpointing` computes, without its deprecation warning in recent releases."""
+    return any(getattr(module, "gradient_checkpointing", False) for module in model.modules())
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -82,7 +115,7 @@ def _bucket_hidden(decoder, prompt_last, prompt_kv, prompt_mask, response_embeds
     mask = torch.cat([prompt_mask, response_mask[rows, : length - 1].long()], 1)
     positions = prompt_mask.sum(-1, keepdim=True) + torch.arange(length - 1, device=prompt_mask.device)
     hidden = decoder(inputs_embeds=response_embeds[rows, : length - 1], attention_mask=mask, position_ids=positions,
-                     past_key_values=cache, use_cache=True).last_hidden_state
+                     **kv_cache(decoder, cache), use_cache=True).last_hidden_state
     # the last prompt position predicts response token 0; response position t predicts token t + 1
     return torch.cat([prompt_last[:, None], hidden], 1)
 
@@ -94,14 +127,14 @@ def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, r
     serves its G responses; gradients flow back through the shared prompt. Responses run in buckets of
     similar length (length_buckets), so short answers are not padded to the longest one of the batch.
     """
-    if getattr(model, "is_gradient_checkpointing", False) and torch.is_grad_enabled():
+    if activation_checkpointing(model) and torch.is_grad_enabled():
         hidden = _repeated_prompt_hidden(model, prompt_ids, prompt_mask, response_ids, response_mask, group_size)
         rows, cols = response_mask.bool().nonzero(as_tuple=True)
         return hidden[rows, cols], rows, cols
     decoder = model.get_decoder()
     cache = DynamicCache()
     prompt_last = decoder(input_ids=prompt_ids, attention_mask=prompt_mask,
-                          position_ids=position_ids_from_mask(prompt_mask), past_key_values=cache,
+                          position_ids=position_ids_from_mask(prompt_mask), **kv_cache(decoder, cache),
                           use_cache=True).last_hidden_state[:, -1]
     prompt_kv = [(keys, values) for keys, values, *_ in cache]
     # embedded once for all buckets: each embedding lookup's backward writes a vocabulary-sized gradient

@@ -1,39 +1,47 @@
 """Find a response's final answer where the prompt asks for it, with an optional fallback.
 
-Only the response is read, and only the asked-for spot (the last \\boxed{}, or DAPO's `Answer:` line):
-scoring the whole completion pays answers that restate the question.
+Only the response is read, only after its last reasoning block (<think>...</think>), and only the
+asked-for spot (the last \\boxed{}, or DAPO's `Answer:` line): scoring the whole completion pays answers
+that restate the question, and scoring the reasoning pays answers the response then takes back.
 """
 
 import re
-from typing import Callable
 
+from tokenpo.registry import Registry
+from tokenpo.rewards.latex import BOX_OPEN_RE, group_end
 from tokenpo.rewards.numbers import NUMBER_RE, normalize_math_text
 
-_BOX_OPEN_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # DAPO-Math-17k asks for a last line "Answer: $Answer"; DAPO's own grader takes the last such match.
 _ANSWER_LINE_RE = re.compile(r"answer\s*:([^\n]+)", re.IGNORECASE)
 # A `$` not escaped as `\$`; `$$` counts as one delimiter.
 _DOLLAR_RE = re.compile(r"(?<!\\)\$\$?")
 
 
+def after_reasoning(text: str, reasoning_tag: str | None) -> str | None:
+    """The part of `text` after its last `</reasoning_tag>`; None while a reasoning block is still open.
+
+    The closing tag alone counts, since chat templates may open the block in the prompt. `None` as the tag
+    reads the whole text.
+    """
+    if reasoning_tag is None:
+        return text
+    closing = f"</{reasoning_tag}>"
+    answer_part = text[text.rfind(closing) + len(closing):] if closing in text else text
+    return None if f"<{reasoning_tag}>" in answer_part else answer_part
+
+
 def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (or \\fbox{...}); None if there is none or its braces never close."""
-    opening = None
-    for opening in _BOX_OPEN_RE.finditer(text):
-        pass
-    if opening is None:
-        return None
-    depth, i = 1, opening.end()
-    while i < len(text):
-        char = text[i]
-        if char == "\\":  # \{ and \} are set braces, not grouping
-            i += 2
-            continue
-        depth += {"{": 1, "}": -1}.get(char, 0)
-        if depth == 0:
-            return text[opening.end(): i]
-        i += 1
-    return None
+    """Whole content of the last outermost \\boxed{...} (or \\fbox{...}); None if none, or if its braces never close.
+
+    Outermost, so a box inside a box (`\\boxed{70 \\text{ or } \\boxed{69}}`) is part of the answer, not the answer.
+    """
+    content, pos = None, 0
+    while (opening := BOX_OPEN_RE.search(text, pos)) is not None:
+        end = group_end(text, opening.end())
+        if end is None:
+            return None
+        content, pos = text[opening.end(): end], end + 1
+    return content
 
 
 def answer_line(text: str) -> str | None:
@@ -65,24 +73,20 @@ def no_fallback(text: str) -> None:
     return None
 
 
-ANSWER_PATTERNS: dict[str, Callable[[str], str | None]] = {"boxed": last_boxed, "answer_line": answer_line}
-FALLBACKS: dict[str, Callable[[str], str | None]] = {
-    "none": no_fallback,
-    "last_number": last_number,
-    "last_dollar": last_dollar,
-}
+ANSWER_PATTERNS = Registry("answer_pattern", {"boxed": last_boxed, "answer_line": answer_line})
+FALLBACKS = Registry("fallback", {"none": no_fallback, "last_number": last_number, "last_dollar": last_dollar})
 
 
-def _lookup(registry: dict, kind: str, name: str) -> Callable[[str], str | None]:
-    if name not in registry:
-        raise ValueError(f"unknown {kind} {name!r}; known: {', '.join(registry)}")
-    return registry[name]
-
-
-def extract_answer(response: str, answer_pattern: str = "boxed", fallback: str = "none") -> str | None:
-    """The final answer of `response`: from `answer_pattern`, else from `fallback`; None if neither finds one."""
-    find_asked_for = _lookup(ANSWER_PATTERNS, "answer_pattern", answer_pattern)
-    find_fallback = _lookup(FALLBACKS, "fallback", fallback)
+def extract_answer(
+    response: str, answer_pattern: str = "boxed", fallback: str = "none", reasoning_tag: str | None = "think"
+) -> str | None:
+    """The final answer of `response` after its reasoning: from `answer_pattern`, else from `fallback`; None if
+    neither finds one or the reasoning never closes."""
+    find_asked_for = ANSWER_PATTERNS.get(answer_pattern)
+    find_fallback = FALLBACKS.get(fallback)
+    response = after_reasoning(response, reasoning_tag)
+    if response is None:
+        return None
     answer = find_asked_for(response)
     if not answer or not answer.strip():
         answer = find_fallback(response)

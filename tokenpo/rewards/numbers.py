@@ -4,14 +4,22 @@ The `number` answer format accepts one literal (69, -3, 1,000, 2.5, 3/4, \\frac{
 expression: SmolLM2-135M trained with a whole-completion math-verify reward learned to answer
 "What is 15 + 54?" with `15 + 54`, which math-verify evaluates to 69 and pays. For the same reason a
 fraction only counts in lowest terms (3/4, not 84/7, which would pay an echoed "What is 84 / 7?").
+
+Words around the literal may only name its unit (`5 cm`, `\\$5`, `x = 5`), so `not 69`, `69 is wrong` and
+`less than 69` are not answers.
 """
 
 import re
 from fractions import Fraction
 from math import gcd
 
+from tokenpo.rewards.prose import only_units
+
 # An integer with thousands separators (1,000) or plain digits; `(?!\d)` keeps 1,0000 from reading as 1,000.
-_INT = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)"
+# Any digits may lead the separators so that a wrong grouping (0,069) is one literal, refused by _digits.
+_INT = r"(?:\d+(?:,\d{3})+(?!\d)|\d+)"
+# A correct grouping: 1 to 3 leading digits, not starting with 0 (0,069 is not 69; 1,069 is 1069).
+_GROUPED_INT_RE = re.compile(r"[1-9]\d{0,2}(?:,\d{3})+")
 
 # A sign counts only where it cannot be a binary minus: `10-3` holds the literals 10 and 3, `x = -3` holds -3.
 NUMBER_RE = re.compile(
@@ -28,8 +36,8 @@ _WRAPPER_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|boxed|fbox
 _DECORATION_RE = re.compile(r"\\[,;:! ]|\\(?:left|right|displaystyle)\b|\\\$|\$|~|\^\s*\{?\s*\\circ\s*\}?|°")
 # A unit's exponent (cm^2, m^{3}) would otherwise read as a second literal.
 _UNIT_EXPONENT_RE = re.compile(r"(?<=[^\W\d_])\s*\^\s*(?:\{\s*\d+\s*\}|\d)")
-# What may surround an answer's literal: words (units, "x =") and light punctuation, no digits or operators.
-_TEXT_AROUND_RE = re.compile(r"(?:[^\W\d_]|[\s=:.,/])*")
+# A one-letter variable naming the answer: "x = 5".
+_VARIABLE_RE = re.compile(r"^\s*[^\W\d_]\s*=")
 
 
 def normalize_math_text(text: str) -> str:
@@ -42,21 +50,30 @@ def normalize_math_text(text: str) -> str:
     return _UNIT_EXPONENT_RE.sub("", text)
 
 
+def _digits(integer: str) -> str:
+    """`integer` without its thousands separators; ValueError where they group wrongly (0,069, 1234,567)."""
+    if "," in integer and not _GROUPED_INT_RE.fullmatch(integer):
+        raise ValueError(f"badly grouped thousands: {integer}")
+    return integer.replace(",", "")
+
+
 def _literal_value(match: re.Match) -> tuple[Fraction, bool] | None:
-    """(value, written in lowest terms) of a NUMBER_RE match; None for a zero denominator or a huge literal."""
+    """(value, written in lowest terms) of a NUMBER_RE match; None for a zero denominator, a badly grouped
+    or a huge literal."""
     try:
         if match["dec"] is not None:
-            value, lowest_terms = Fraction(match["dec"].replace(",", "")), True
+            whole, point, fraction = match["dec"].partition(".")
+            value, lowest_terms = Fraction(_digits(whole) + point + fraction), True
         else:
             if match["num"] is not None:
-                num, den = int(match["num"].replace(",", "")), int(match["den"].replace(",", ""))
+                num, den = int(_digits(match["num"])), int(_digits(match["den"]))
             else:
                 num = int(match["tex_num"] or match["tex_num_digit"])
                 den = int(match["tex_den"] or match["tex_den_digit"])
             if den == 0:
                 return None
             value, lowest_terms = Fraction(num, den), den > 1 and gcd(num, den) == 1
-    except ValueError:  # Python refuses to read integers of more than 4300 digits; no answer is that long
+    except ValueError:  # bad grouping, or Python refusing to read integers of over 4300 digits (no answer is)
         return None
     return (-value if match["sign"] == "-" else value), lowest_terms
 
@@ -72,13 +89,14 @@ def _single_literal(text: str) -> tuple[re.Match, str] | None:
 
 
 def parse_answer_number(answer: str) -> Fraction | None:
-    """Value of an answer that is one numeric literal with at most words around it ("5 apples", "x = 5").
+    """Value of an answer that is one numeric literal with at most its unit around it ("5 cm", "x = 5").
 
-    None for expressions (`15 + 54`), several numbers, or a fraction not in lowest terms. A percent sign is
-    dropped (50% reads as 50), so a gold "50" accepts "50%".
+    None for expressions (`15 + 54`), several numbers, a fraction not in lowest terms, or other words
+    around the literal (`not 69`, `5 apples`). A percent sign is dropped (50% reads as 50), so a gold "50"
+    accepts "50%".
     """
     found = _single_literal(answer)
-    if found is None or not _TEXT_AROUND_RE.fullmatch(found[1]):
+    if found is None or not only_units(_VARIABLE_RE.sub("", found[1], count=1)):
         return None
     value = _literal_value(found[0])
     return value[0] if value is not None and value[1] else None

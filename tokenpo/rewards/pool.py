@@ -1,7 +1,9 @@
 """Score responses in worker processes while the trainer generates, with a hard time limit per response.
 
-Processes, not threads: math-verify's timeouts use signal.alarm, which works only in a process's main
-thread, and a response stuck inside C code (sympy, huge integers) can only be stopped by killing its process.
+Processes, not threads: the per-response timer (tokenpo.rewards.verify._time_limit) is a signal, which works
+only in a process's main thread, and a response stuck inside C code (sympy, huge integers) can only be
+stopped by killing its process. Workers are also replaced after reward.worker_max_items responses or above
+reward.worker_max_rss_mb: sympy's caches make a long-lived worker grow without bound.
 """
 
 import logging
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Sequence
 
+import psutil
+
 from tokenpo.errors import ConfigError
 from tokenpo.rewards.config import DATASET_FIELDS, RewardConfig
 from tokenpo.rewards.user_fn import load_reward_fn, user_fn_verdict
@@ -25,9 +29,9 @@ from tokenpo.rewards.verify import judge
 
 logger = logging.getLogger(__name__)
 
-# How long past reward.timeout_s a worker may run before it is killed: math-verify's own alarm, in whole
-# seconds, fires up to 1 s past the deadline (tokenpo.rewards.verify._alarm_seconds).
-KILL_GRACE_S = 1.5
+# How long past reward.timeout_s a worker may run before it is killed: its own timer fires at timeout_s to
+# the millisecond (tokenpo.rewards.verify._time_limit), so this only covers sending that verdict back.
+KILL_GRACE_S = 0.5
 
 
 def _worker_main(conn: Connection, fn_path: str | None, judge_kwargs: dict) -> None:
@@ -79,6 +83,7 @@ class _Worker:
     ready: bool = False
     job: tuple[int, int] | None = None  # (handle, index) being scored
     deadline: float = math.inf  # monotonic time at which the job is declared TIMEOUT and the worker killed
+    items: int = 0  # responses scored, counted for reward.worker_max_items
 
 
 class RewardScorer:
@@ -98,9 +103,11 @@ class RewardScorer:
                 )
         if cfg.fn is not None:
             load_reward_fn(cfg.fn)  # a bad path fails here, at start-up, rather than in every worker
-        judge_kwargs = {name: getattr(cfg, name) for name in DATASET_FIELDS} | {"timeout_s": cfg.timeout_s}
+        judge_kwargs = {name: getattr(cfg, name) for name in (*DATASET_FIELDS, "reasoning_tag", "timeout_s")}
         self._worker_args = (cfg.fn, judge_kwargs)
         self._item_limit_s = cfg.timeout_s + KILL_GRACE_S
+        self._max_items = cfg.worker_max_items
+        self._max_rss_bytes = None if cfg.worker_max_rss_mb is None else cfg.worker_max_rss_mb * 2**20
         # spawn, not fork: the parent runs torch threads, which a forked child would inherit in a broken state
         self._context = multiprocessing.get_context("spawn")
         self._lock = threading.Condition()
@@ -152,6 +159,11 @@ class RewardScorer:
                 "reward: %d of %d responses scored 'error'; first: %s", len(errors), len(verdicts), first
             )
         return verdicts
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the current workers (replaced ones are gone), e.g. to watch their memory."""
+        with self._lock:
+            return [worker.process.pid for worker in self._workers]
 
     def close(self) -> None:
         """Stop the workers; batches still being scored can no longer be collected."""
@@ -244,6 +256,20 @@ class RewardScorer:
             return
         self._record(worker.job, kind, detail)
         worker.job, worker.deadline = None, math.inf
+        worker.items += 1
+        if self._worn_out(worker):
+            self._replace(worker)
+
+    def _worn_out(self, worker: _Worker) -> bool:
+        """True once an idle worker has scored reward.worker_max_items responses or holds over worker_max_rss_mb."""
+        if self._max_items is not None and worker.items >= self._max_items:
+            return True
+        if self._max_rss_bytes is None:
+            return False
+        try:
+            return psutil.Process(worker.process.pid).memory_info().rss > self._max_rss_bytes
+        except psutil.Error:  # it exited just now; replace it
+            return True
 
     def _on_worker_death(self, worker: _Worker) -> None:
         worker.process.join(timeout=1.0)

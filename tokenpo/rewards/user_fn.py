@@ -1,6 +1,7 @@
 """User-defined reward functions, named in the config as "package.module:function"."""
 
 import importlib
+import inspect
 from typing import Callable
 
 from tokenpo.errors import ConfigError
@@ -27,6 +28,15 @@ def load_reward_fn(path: str) -> RewardFn:
         raise ConfigError(f"reward.fn: module {module_name!r} has no attribute {attribute!r}")
     if not callable(fn):
         raise ConfigError(f"reward.fn: {path!r} is a {type(fn).__name__}, not a function")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins and C callables carry no signature: trusted as they are
+        return fn
+    try:
+        signature.bind("response", "gold")
+    except TypeError as error:
+        raise ConfigError(f"reward.fn: {path!r} must take (response, gold), its signature is {signature} "
+                          f"({error})") from error
     return fn
 
 

@@ -7,7 +7,8 @@ CORRECT = "correct"
 WRONG = "wrong"
 # nothing extractable in the asked-for form (nor by the fallback), including an empty response
 NO_ANSWER = "no_answer"
-# an answer was found but is not a numeric literal under the `number` format (e.g. `15 + 54`)
+# an answer was found but is not one answer: not a numeric literal (with at most its unit) under the `number`
+# format (`15 + 54`, `not 69`), or hedged by prose beside its math under `expression` (`69 \text{ (or 70)}`)
 FORMAT_REJECTED = "format_rejected"
 # the gold answer itself cannot be parsed: a data problem, not the model's
 GOLD_INVALID = "gold_invalid"

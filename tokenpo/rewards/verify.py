@@ -1,16 +1,20 @@
 """Judge one response against its gold answer: exact numeric literals, or math-verify equivalence."""
 
-import math
+import logging
 import re
+import signal
 import threading
-import time
+from contextlib import contextmanager
+from typing import Iterator
 
 from math_verify import parse as math_verify_parse
 from math_verify import verify as math_verify_equal
 from math_verify.errors import TimeoutException
 
 from tokenpo.rewards.extract import extract_answer
+from tokenpo.rewards.latex import BOX_OPEN_RE
 from tokenpo.rewards.numbers import parse_answer_number, parse_gold_number
+from tokenpo.rewards.prose import hedged
 from tokenpo.rewards.verdicts import (
     CORRECT,
     FORMAT_REJECTED,
@@ -22,6 +26,10 @@ from tokenpo.rewards.verdicts import (
 
 ANSWER_FORMATS = ("auto", "number", "expression")
 _UNESCAPED_DOLLAR_RE = re.compile(r"(?<!\\)\$")
+# math-verify's own timeouts are off (they are whole-second alarms that would cancel _time_limit's timer),
+# and it warns once per process that they are; _time_limit is the timeout it asks its caller to provide.
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(lambda record: not record.getMessage().startswith("Timeout is disabled"))
 
 
 def resolve_answer_format(answer_format: str, gold: str) -> str:
@@ -33,29 +41,36 @@ def resolve_answer_format(answer_format: str, gold: str) -> str:
     return "number" if parse_gold_number(gold) is not None else "expression"
 
 
-def _alarm_seconds(deadline: float) -> int | None:
-    """Whole seconds left for math-verify's own timeouts.
+def _raise_timeout(signum, frame) -> None:
+    raise TimeoutException("reward time budget spent")
 
-    Those use signal.alarm, which works only in a process's main thread; elsewhere they are switched off
-    (None) and only the worker pool's wall-clock limit protects the caller. Rounding up lets a call
-    overrun the deadline by under a second, which the pool's kill grace allows for.
+
+@contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Raise TimeoutException in the block once it has run `seconds`, to the millisecond.
+
+    A SIGALRM interval timer works only in a process's main thread; elsewhere the block runs unbounded
+    and only the worker pool's kill protects the caller. Code stuck inside C (sympy, huge integers)
+    never sees the signal either: the pool kills that worker.
     """
     if threading.current_thread() is not threading.main_thread():
-        return None
-    seconds_left = deadline - time.monotonic()
-    if seconds_left <= 0:
-        raise TimeoutException("reward time budget spent")
-    return math.ceil(seconds_left)
+        yield
+        return
+    previous_handler = signal.signal(signal.SIGALRM, _raise_timeout)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler)
 
 
-def _math_verify_parse(text: str, deadline: float) -> list:
+def _math_verify_parse(text: str) -> list:
     """Sympy readings of `text`; math-verify's raw-string fallback is off, so an unreadable gold is invalid."""
     # math-verify finds LaTeX only between delimiters, so a plain gold such as \frac{\pi}{2} gets `$...$`
     latex = text if _UNESCAPED_DOLLAR_RE.search(text) or "\\boxed" in text else f"${text}$"
     try:
-        return math_verify_parse(
-            latex, fallback_mode="no_fallback", parsing_timeout=_alarm_seconds(deadline), raise_on_error=True
-        )
+        return math_verify_parse(latex, fallback_mode="no_fallback", parsing_timeout=None, raise_on_error=True)
     except Exception:  # input math-verify cannot read is "nothing parsed"; its TimeoutException passes through
         return []
 
@@ -72,20 +87,21 @@ def _number_verdict(answer: str | None, gold: str) -> str:
     return CORRECT if value == gold_value else WRONG
 
 
-def _expression_verdict(answer: str | None, gold: str, deadline: float) -> str:
-    gold_parsed = _math_verify_parse(gold, deadline)
+def _expression_verdict(answer: str | None, gold: str) -> str:
+    gold_parsed = _math_verify_parse(gold)
     if not gold_parsed:
         return GOLD_INVALID
     if answer is None:
         return NO_ANSWER
-    answer_parsed = _math_verify_parse(answer, deadline)
+    if hedged(answer):
+        return FORMAT_REJECTED
+    # a box inside the answer becomes a plain group, so math-verify reads the whole answer, not the inner box
+    answer_parsed = _math_verify_parse(BOX_OPEN_RE.sub("{", answer))
     for gold_item in gold_parsed:
         for answer_item in answer_parsed:
             # one pair at a time, so a pair that errors does not hide a later pair that matches
             try:
-                if math_verify_equal(
-                    gold_item, answer_item, timeout_seconds=_alarm_seconds(deadline), raise_on_error=True
-                ):
+                if math_verify_equal(gold_item, answer_item, timeout_seconds=None, raise_on_error=True):
                     return CORRECT
             except Exception:
                 continue
@@ -99,12 +115,14 @@ def judge(
     answer_format: str = "auto",
     fallback: str = "none",
     answer_pattern: str = "boxed",
+    reasoning_tag: str | None = "think",
     timeout_s: float = 5.0,
 ) -> str:
     """Verdict (see tokenpo.rewards.verdicts) on `response`'s final answer against `gold`.
 
-    Only `response` is read, and only at `answer_pattern` (else `fallback`). `timeout_s` bounds
-    math-verify's work in the main thread; in other threads use RewardScorer for a hard limit.
+    Only `response` is read, only after its last `</reasoning_tag>`, and only at `answer_pattern` (else
+    `fallback`). `timeout_s` bounds math-verify's work in the main thread; in other threads use
+    RewardScorer for a hard limit.
     """
     if not isinstance(response, str):
         raise TypeError(f"response must be a str, got {type(response).__name__}")
@@ -113,11 +131,12 @@ def judge(
     if not isinstance(gold, str) or not gold.strip():
         return GOLD_INVALID
     answer_format = resolve_answer_format(answer_format, gold)
-    answer = extract_answer(response, answer_pattern, fallback)
+    answer = extract_answer(response, answer_pattern, fallback, reasoning_tag)
+    if answer_format == "number":
+        return _number_verdict(answer, gold)
     try:
-        if answer_format == "number":
-            return _number_verdict(answer, gold)
-        return _expression_verdict(answer, gold, time.monotonic() + timeout_s)
+        with _time_limit(timeout_s):
+            return _expression_verdict(answer, gold)
     except TimeoutException:
         return TIMEOUT
 
@@ -129,6 +148,7 @@ def verify(
     answer_format: str = "auto",
     fallback: str = "none",
     answer_pattern: str = "boxed",
+    reasoning_tag: str | None = "think",
     timeout_s: float = 5.0,
 ) -> bool | None:
     """True if `response`'s final answer equals `gold`, False if not or absent, None if `gold` cannot be parsed."""
@@ -138,6 +158,7 @@ def verify(
         answer_format=answer_format,
         fallback=fallback,
         answer_pattern=answer_pattern,
+        reasoning_tag=reasoning_tag,
         timeout_s=timeout_s,
     )
     if verdict == GOLD_INVALID:
@@ -145,12 +166,15 @@ def verify(
     return verdict == CORRECT
 
 
-def format_reward(response: str, answer_pattern: str, *, require_number: bool = False) -> float:
-    """1.0 if the asked-for answer form is present (holding a numeric literal when `require_number`), else 0.0.
+def format_reward(
+    response: str, answer_pattern: str, *, require_number: bool = False, reasoning_tag: str | None = "think"
+) -> float:
+    """1.0 if the asked-for answer form is present after the reasoning (holding a numeric literal when
+    `require_number`), else 0.0.
 
     Fallbacks never count here: this reward exists to teach the asked-for form.
     """
-    answer = extract_answer(response, answer_pattern, "none")
+    answer = extract_answer(response, answer_pattern, "none", reasoning_tag)
     if answer is None or (require_number and parse_answer_number(answer) is None):
         return 0.0
     return 1.0

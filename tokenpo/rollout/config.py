@@ -19,10 +19,9 @@ class RolloutConfig:
     eos_tokens: tuple = ()
 
     def validate(self) -> None:
-        from tokenpo.rollout.engine import ENGINES
+        from tokenpo.rollout.engine import get_engine
 
-        if self.engine not in ENGINES:
-            raise ConfigError(f"rollout.engine {self.engine!r} is unknown (known: {', '.join(sorted(ENGINES))})")
+        get_engine(self.engine)
         if self.group_size < 1:
             raise ConfigError(f"rollout.group_size must be >= 1, got {self.group_size}")
         if self.max_new_tokens < 1:

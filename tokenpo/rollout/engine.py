@@ -1,15 +1,17 @@
 """The rollout engine interface: prompt token ids in, response token ids (and log-probs where known) out.
 
-An engine is a function registered by name; the trainer only calls `ENGINES[name](...)`, so a vLLM or
+An engine is a function registered by name; the trainer only calls `get_engine(name)(...)`, so a vLLM or
 SGLang engine for GPUs plugs in here without touching the trainer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
+
+from tokenpo.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -38,18 +40,8 @@ class Engine(Protocol):
     ) -> Responses: ...
 
 
-ENGINES: dict[str, Engine] = {}
-
-
-def register_engine(name: str) -> Callable[[Engine], Engine]:
-    def wrap(fn: Engine) -> Engine:
-        ENGINES[name] = fn
-        return fn
-
-    return wrap
+ENGINES = Registry("rollout.engine")
 
 
 def get_engine(name: str) -> Engine:
-    if name not in ENGINES:
-        raise ValueError(f"unknown rollout engine {name!r}; known: {', '.join(sorted(ENGINES))}")
-    return ENGINES[name]
+    return ENGINES.get(name)

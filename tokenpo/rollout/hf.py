@@ -11,18 +11,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from tokenpo.models.logprobs import position_ids_from_mask
-from tokenpo.rollout.engine import Responses, SamplingParams, register_engine
-
-
-def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompt_ids)
-    ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
-    for row, prompt in enumerate(prompt_ids):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        mask[row, width - len(prompt) :] = 1
-    return ids, mask
+from tokenpo.models.logprobs import kv_cache, left_pad, position_ids_from_mask
+from tokenpo.rollout.engine import ENGINES, Responses, SamplingParams
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
@@ -52,7 +42,7 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
     return torch.searchsorted(cdf, target, right=True).squeeze(-1)
 
 
-@register_engine("hf")
+@ENGINES.register("hf")
 @torch.no_grad()
 def generate_hf(model, prompt_ids, params: SamplingParams, pad_id: int, generator: torch.Generator) -> Responses:
     device = next(model.parameters()).device
@@ -63,7 +53,7 @@ def generate_hf(model, prompt_ids, params: SamplingParams, pad_id: int, generato
         ids, mask = ids.repeat_interleave(groups, 0), mask.repeat_interleave(groups, 0)
     cache = DynamicCache()
     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                past_key_values=cache, use_cache=True, logits_to_keep=1)
+                **kv_cache(model, cache), use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1]
     if params.share_prefill and groups > 1:
         cache.batch_repeat_interleave(groups)
@@ -88,7 +78,7 @@ def generate_hf(model, prompt_ids, params: SamplingParams, pad_id: int, generato
             cache.batch_select_indices(keep)
         mask = torch.cat([mask, mask.new_ones(len(running), 1)], dim=1)
         out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position[:, None],
-                    past_key_values=cache, use_cache=True)
+                    **kv_cache(model, cache), use_cache=True)
         position = position + 1
         logits = out.logits[:, -1]
     # a row stopped iff its last token is a stop token; the others hit max_new_tokens

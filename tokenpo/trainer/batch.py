@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenpo.models.logprobs import left_pad
+
 
 @dataclass
 class GroupTokens:
@@ -16,13 +18,8 @@ class GroupTokens:
 
 
 def pad_groups(prompts: list[list[int]], responses: list[list[int]], pad_id: int, device) -> GroupTokens:
-    prompt_len = max(len(p) for p in prompts)
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
     resp_len = max(1, max(len(r) for r in responses))
-    prompt_ids = torch.full((len(prompts), prompt_len), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((len(prompts), prompt_len), dtype=torch.long)
-    for i, prompt in enumerate(prompts):
-        prompt_ids[i, prompt_len - len(prompt) :] = torch.tensor(prompt)
-        prompt_mask[i, prompt_len - len(prompt) :] = 1
     response_ids = torch.full((len(responses), resp_len), pad_id, dtype=torch.long)
     response_mask = torch.zeros((len(responses), resp_len), dtype=torch.float32)
     for i, response in enumerate(responses):

@@ -1,18 +1,27 @@
 """Resumable checkpoints: model, optimizer, LR scheduler, data position, RNG states of every rank, step, W&B id.
 
 Layout under `<run_dir>/checkpoints/`: `step_000004/` (DeepSpeed's `state/` folder, `rng_rank<r>.pt` per rank,
-`tokenpo.json` with the step and number of processes) and `latest` (JSON naming the newest complete one).
-A checkpoint is written into a hidden temporary folder and renamed into place only after every rank finished
-writing, then `latest` is replaced atomically: an interrupted save never becomes the one resumed from.
+`tokenpo.json` with the step and number of processes, `manifest.json` with the sha256 and size of every other
+file) and `latest` (JSON naming the newest complete one).
+A checkpoint is written into a hidden temporary folder, its manifest last, and renamed into place only after every
+rank finished writing, then `latest` is replaced atomically: an interrupted save never becomes the one resumed from.
+Resuming verifies the manifest first: `resume=auto` takes the newest checkpoint that verifies, an explicit path
+fails in one line. The RNG files hold tensors and numbers only and are read with `weights_only=True`; DeepSpeed's
+own state files are pickles that it loads with `weights_only=False`, so resume only from checkpoints you trust.
 Every rank writes its own shards into the same folder, so a multi-node run dir must be on a shared filesystem.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
+import pickle
 import random
+import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +30,24 @@ import torch.distributed as torch_dist
 
 from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
+from tokenpo.trainer.rundir import move_aside
+
+log = logging.getLogger("tokenpo")
 
 TAG = "state"
 META = "tokenpo.json"
+MANIFEST = "manifest.json"
 LATEST = "latest"
 TMP_PREFIX = ".tmp-"
+STEP_DIR = re.compile(r"step_(\d+)")
+# RNG files written before they held tensors only keep numpy's key as an ndarray: allow exactly those types
+NUMPY_ARRAY_TYPES = [np.ndarray, np.dtype, np.dtypes.UInt32DType, np._core.multiarray._reconstruct]
+# files hashed at once (hashlib releases the GIL on large reads)
+HASH_THREADS = 8
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint cannot be resumed from; the one-line message names the file and what is wrong with it."""
 
 
 def _barrier() -> None:
@@ -34,7 +56,10 @@ def _barrier() -> None:
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Tensors, strings and numbers only, so that `torch.load(weights_only=True)` reads it back."""
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = (name, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, gauss)
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -42,7 +67,8 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, key, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -55,8 +81,17 @@ def _replace_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def step_dirs(root: Path) -> list[Path]:
+    """The checkpoint folders under `root`, oldest step first (by number: names sort wrongly past 999999)."""
+    return sorted((p for p in root.glob("step_*") if STEP_DIR.fullmatch(p.name) and p.is_dir()), key=step_of)
+
+
+def step_of(path: Path) -> int:
+    return int(STEP_DIR.fullmatch(path.name).group(1))
+
+
 def save(engine, root: Path, step: int, client_state: dict, keep_last: int) -> Path:
-    """Write checkpoint `step` on every rank (a collective); keep the newest `keep_last` ones."""
+    """Write checkpoint `step` on every rank (a collective); keep it and the newest `keep_last` - 1 earlier ones."""
     final = root / f"step_{step:06d}"
     tmp = root / f"{TMP_PREFIX}step_{step:06d}"
     if dist.is_main():
@@ -71,40 +106,164 @@ def save(engine, root: Path, step: int, client_state: dict, keep_last: int) -> P
     if dist.is_main():
         meta = {"step": step, "world_size": dist.world_size(), "zero_stage": engine.zero_optimization_stage()}
         (tmp / META).write_text(json.dumps(meta))
+        # last: a folder with a manifest holds every file it lists
+        (tmp / MANIFEST).write_text(json.dumps(_file_records(tmp), indent=1))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
         _replace_text(root / LATEST, json.dumps({"step": step, "path": final.name}))
-        for old in sorted(root.glob("step_*"))[:-keep_last]:
+        # by step, and never the one just written (later-numbered folders of another history were set aside)
+        earlier = [p for p in step_dirs(root) if step_of(p) < step]
+        for old in earlier[:max(len(earlier) - (keep_last - 1), 0)]:
             shutil.rmtree(old)
     _barrier()
     return final
 
 
-def find_resume_dir(resume: str, run_dir: Path) -> Path | None:
-    """`auto`: the latest checkpoint of this run dir, if any; `none`; or a checkpoint folder / run dir path."""
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _file_records(folder: Path) -> dict[str, dict]:
+    """{path relative to `folder`: {"bytes", "sha256"}} for every file in it but the manifest."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    with ThreadPoolExecutor(HASH_THREADS) as pool:
+        digests = pool.map(_sha256, files)
+    return {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": d} for p, d in zip(files, digests)}
+
+
+def verify(path: Path, quick: bool = False) -> None:
+    """Raise CheckpointError naming the first file of checkpoint `path` that is missing, truncated or changed since
+    it was saved (`quick`: missing or resized only, no hashing). A checkpoint written before manifests existed is
+    accepted with a warning."""
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        if not (path / TAG).is_dir():
+            raise CheckpointError(f"checkpoint {path}: no '{TAG}' folder and no {MANIFEST} (incomplete)")
+        if not quick:
+            log.warning("checkpoint %s has no %s (saved before checksums were recorded): loading it unverified",
+                        path, MANIFEST)
+        return
+    try:
+        expected = {name: (int(record["bytes"]), str(record["sha256"]))
+                    for name, record in json.loads(manifest.read_text()).items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"{manifest}: unreadable ({type(err).__name__}: {err})") from None
+    for name, (size, _) in expected.items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{file}: missing (listed in {MANIFEST})")
+        if file.stat().st_size != size:
+            raise CheckpointError(f"{file}: {file.stat().st_size} bytes, {size} when saved (truncated or overwritten)")
+    if quick:
+        return
+    with ThreadPoolExecutor(HASH_THREADS) as pool:
+        digests = dict(zip(expected, pool.map(_sha256, [path / name for name in expected])))
+    for name, (_, sha256) in expected.items():
+        if digests[name] != sha256:
+            raise CheckpointError(f"{path / name}: sha256 differs from the one recorded when saved (corrupted)")
+
+
+def find_resume_dir(resume: str, run_dir: Path, quick: bool = False) -> Path | None:
+    """`auto`: the newest checkpoint of this run dir that verifies, if any; `none`; or a checkpoint folder / run dir
+    path, which must verify. Rank 0 reads and hashes; every rank gets its answer (or its error). `quick` (a start-up
+    check; the run looks again in full): no hashing and no log lines."""
     if resume == "none":
         return None
-    root = run_dir / "checkpoints" if resume == "auto" else Path(resume)
-    if (root / TAG).is_dir():
-        return root
-    if (root / "checkpoints" / LATEST).is_file():
-        root = root / "checkpoints"
+    answer = None
+    if dist.is_main():
+        try:
+            if resume == "auto":
+                answer = _newest_verified(run_dir / "checkpoints", quick)
+            else:
+                answer = _verified_at(Path(resume), quick)
+        except ConfigError as err:
+            answer = err
+    answer = dist.broadcast_object(answer)
+    if isinstance(answer, ConfigError):
+        raise answer
+    return answer
+
+
+def _newest_verified(root: Path, quick: bool) -> Path | None:
+    """The newest checkpoint under `root` that verifies; one warning line for those skipped and a lost `latest`."""
+    notes = []
+    for path in reversed(step_dirs(root)):
+        try:
+            verify(path, quick)
+        except CheckpointError as err:
+            notes.append(f"skipped {err}")
+            continue
+        try:
+            latest = _latest_target(root, "auto")
+            if latest != path and not notes:
+                notes.append(f"{root / LATEST} names {latest.name}")
+        except CheckpointError as err:
+            notes.append(str(err))
+        if notes and not quick:
+            log.warning("trainer.resume=auto: %s; resuming from %s", "; ".join(notes), path)
+        return path
+    if notes:
+        raise CheckpointError(f"trainer.resume=auto: no checkpoint in {root} verifies ({'; '.join(notes)}); "
+                              f"trainer.resume=none starts over and moves them aside")
+    return None
+
+
+def _verified_at(path: Path, quick: bool) -> Path:
+    """trainer.resume=<path>: a checkpoint folder, or the one `latest` names in a run dir or its checkpoints folder."""
+    if not (path / TAG).is_dir() and not (path / MANIFEST).is_file():
+        root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+        if not (root / LATEST).is_file():
+            raise ConfigError(f"trainer.resume={str(path)!r}: no checkpoint there (neither a '{TAG}' folder nor a "
+                              f"'{LATEST}' file)")
+        path = _latest_target(root, str(path))
+    verify(path, quick)
+    return path
+
+
+def _latest_target(root: Path, resume: str) -> Path:
     latest = root / LATEST
     if not latest.is_file():
-        if resume == "auto":
-            return None
-        raise ConfigError(f"trainer.resume={resume!r}: no checkpoint there (neither a 'state' folder nor a 'latest' file)")
-    path = root / json.loads(latest.read_text())["path"]
+        raise CheckpointError(f"{latest} is missing")
+    try:
+        name = json.loads(latest.read_text())["path"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{latest}: unreadable ({type(err).__name__}: {err})") from None
+    path = root / str(name)
     if not (path / TAG).is_dir():
-        raise ConfigError(f"trainer.resume={resume!r}: {latest} names {path.name}, which is missing or incomplete")
+        raise CheckpointError(f"trainer.resume={resume!r}: {latest} names {path.name}, which is missing or incomplete")
     return path
+
+
+def set_aside_stale(root: Path, resume_dir: Path | None) -> None:
+    """Move the checkpoints under `root` that this run does not continue (all of them on a fresh start or a resume
+    from elsewhere, the later ones on a resume from an earlier one there) into `checkpoints.previous-<time>/`.
+    Otherwise they would outrank the new ones: pruning would delete what the run just wrote, resume=auto pick them."""
+    if not dist.is_main():
+        return
+    here = resume_dir is not None and resume_dir.parent.resolve() == root.resolve()
+    continued = step_of(resume_dir) if here else -1
+    stale = [p for p in step_dirs(root) if step_of(p) > continued]
+    if not stale:
+        return
+    folder = move_aside(stale, root)
+    # the next save rewrites it; until then it names the checkpoint continued, or none
+    if here:
+        _replace_text(root / LATEST, json.dumps({"step": continued, "path": resume_dir.name}))
+    elif (root / LATEST).is_file():
+        os.replace(root / LATEST, folder / LATEST)
+    log.warning("moved %d checkpoint(s) this run does not continue (%s) to %s", len(stale),
+                ", ".join(p.name for p in stale), folder)
 
 
 def load(engine, path: Path) -> dict:
     """Restore the engine (model, optimizer, LR schedule) and this rank's RNG states; return the client state."""
     # DeepSpeed's own errors for these mismatches are far from one line (its universal checkpoint converts)
-    meta = json.loads((path / META).read_text()) if (path / META).is_file() else {}
+    meta = _read_json(path / META) if (path / META).is_file() else {}
     if meta.get("world_size", dist.world_size()) != dist.world_size():
         raise ConfigError(f"checkpoint {path} was written by {meta['world_size']} process(es); resume it with "
                           f"{meta['world_size']}, not {dist.world_size()}")
@@ -112,14 +271,35 @@ def load(engine, path: Path) -> dict:
     if meta.get("zero_stage", stage) != stage:
         raise ConfigError(f"checkpoint {path} was written under ZeRO stage {meta['zero_stage']}; resume it with "
                           f"deepspeed.stage={meta['zero_stage']}, not {stage}")
+    # read before DeepSpeed unpickles anything, so that a refused file stops the load early
+    rng = _load_rng(path / f"rng_rank{dist.rank()}.pt")
     load_path, client_state = engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
                                                      load_lr_scheduler_states=True)
     if load_path is None:
         raise ConfigError(f"checkpoint {path}: DeepSpeed could not load it (see its log above)")
-    rng_file = path / f"rng_rank{dist.rank()}.pt"
-    if rng_file.is_file():
-        set_rng_state(torch.load(rng_file, weights_only=False))
+    set_rng_state(rng)
     return client_state or {}
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:
+        raise CheckpointError(f"{path}: not JSON ({err})") from None
+
+
+def _load_rng(path: Path) -> dict:
+    """This rank's RNG states, read as tensors and numbers only: a pickled object in the file is refused, not run."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing")
+    try:
+        with torch.serialization.safe_globals(NUMPY_ARRAY_TYPES):
+            return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path}: holds objects other than tensors and numbers (refused, not run)") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[:1]
+        raise CheckpointError(f"{path}: unreadable ({type(err).__name__}: {''.join(reason)})") from None
 
 
 def trim_metrics(path: Path, last_step: int) -> None:

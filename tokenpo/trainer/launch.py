@@ -4,7 +4,8 @@ Two ways in:
 - `trainer.nproc=N`: the Hydra job starts N local worker processes itself (so `-m` sweeps work unchanged);
   workers join one process group through the usual RANK / WORLD_SIZE / MASTER_* variables and share the
   job's run dir. If one fails, the others are stopped and the job fails with its exit code; SIGTERM/SIGINT
-  sent to the job are forwarded once to every worker (they save a checkpoint and exit).
+  sent to the job are forwarded once to every worker (they save a checkpoint and exit). If the job dies without
+  a word (SIGKILL, the OOM killer), its workers are killed with it (`die_with_launcher`).
 - an external launcher (torchrun, `deepspeed` incl. --hostfile, or anything that sets WORLD_SIZE): every rank
   runs Hydra's main. Only rank 0 keeps Hydra's run dir; the other ranks point Hydra at a private temporary
   folder (removed at exit) and take rank 0's run dir by broadcast once the process group is up.
@@ -13,6 +14,7 @@ Two ways in:
 from __future__ import annotations
 
 import atexit
+import ctypes
 import json
 import os
 import shutil
@@ -20,12 +22,19 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from tokenpo.deepspeed.dist import free_port
 
 RESOLVED = "resolved_config.json"
+# environment variable: the pid of the job that started a worker (the worker dies with it)
+LAUNCHER_PID = "TOKENPO_LAUNCHER_PID"
+# prctl option from <linux/prctl.h>: the signal this process gets when its parent dies
+PR_SET_PDEATHSIG = 1
+# seconds between parent checks where PR_SET_PDEATHSIG is unavailable
+PARENT_POLL_S = 0.5
 # seconds a worker gets to exit after SIGTERM once another worker failed, before SIGKILL
 STOP_GRACE_S = 10.0
 POLL_S = 0.2
@@ -61,7 +70,31 @@ def external_launcher_argv(argv: list[str]) -> list[str]:
 
 def worker_env(rank: int, nproc: int, port: int) -> dict[str, str]:
     return dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **{LAUNCHER_PID: str(os.getpid())})
+
+
+def die_with_launcher() -> None:
+    """Called first in a worker: SIGKILL it as soon as the job that started it dies, however the job died.
+
+    A worker that outlives its job trains on and writes `final/` into a run dir that a restart uses as well.
+    Linux: the kernel sends the signal (PR_SET_PDEATHSIG; it tracks the thread that started the worker, the job's
+    main thread, which lives as long as the job). Elsewhere a daemon thread polls the parent pid."""
+    launcher = int(os.environ[LAUNCHER_PID])
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None) if sys.platform == "linux" else None
+    if prctl is not None:
+        if prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL)) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    else:
+        threading.Thread(target=_watch_parent, args=(launcher,), name="tokenpo-watch-launcher", daemon=True).start()
+    # the job may have died before the line above: the worker was re-parented already
+    if os.getppid() != launcher:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _watch_parent(launcher: int) -> None:
+    while os.getppid() == launcher:
+        time.sleep(PARENT_POLL_S)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def exit_status(returncode: int) -> int:

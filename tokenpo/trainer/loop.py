@@ -14,18 +14,21 @@ from pathlib import Path
 import torch
 
 from tokenpo import algorithms as alg
-from tokenpo.config import TrainConfig
+from tokenpo.config import TrainConfig, benchmark_reward
 from tokenpo.data import DataConfig, Example, PromptSampler, describe_template, load_splits
 from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import build_policy_engine, build_reference, gathered_for_generation
-from tokenpo.evaluation.benchmark import load_benchmark, prompt_token_ids, stop_token_ids
+from tokenpo.deepspeed.export import export_hf
+from tokenpo.data.prompts import capped_prompt_ids
+from tokenpo.evaluation.benchmark import load_benchmark, stop_token_ids
 from tokenpo.evaluation.run import evaluate, sample_lines
 from tokenpo.logger.run_logger import RunLogger
 from tokenpo.models.loading import load_model
 from tokenpo.rewards import RewardScorer
 from tokenpo.rollout.engine import SamplingParams, get_engine
 from tokenpo.trainer import checkpoint
-from tokenpo.trainer.rollouts import collect_rollouts
+from tokenpo.trainer.optim import build_optimizer, set_step_lr
+from tokenpo.trainer.rollouts import collect_rollouts, dynamic_sampling_metrics
 from tokenpo.trainer.update import train_on_rollouts
 
 log = logging.getLogger("tokenpo")
@@ -66,11 +69,12 @@ class RunContext:
         self.reward = self.cfg.reward_for(self.cfg.data)
         self.stop_token_ids = stop_token_ids(self.tokenizer, self.cfg.rollout.eos_tokens)
 
-    def prompt_ids(self, example: Example, template=None) -> list[int]:
-        template = template or self.cfg.data.template
-        key = (example.uid, example.problem, id(template))
+    def prompt_ids(self, example: Example, data: DataConfig | None = None) -> list[int]:
+        """The prompt under the template and prompt cap of `data` (default: the training data config)."""
+        data = data or self.cfg.data
+        key = (example.uid, example.problem, id(data))
         if key not in self._prompt_cache:
-            self._prompt_cache[key] = prompt_token_ids(example.problem, self.tokenizer, template)
+            self._prompt_cache[key] = capped_prompt_ids(example.problem, self.tokenizer, data)
         return self._prompt_cache[key]
 
     def generation_model(self):
@@ -99,20 +103,24 @@ class RunContext:
 
 
 def eval_benchmark(ctx: RunContext, eval_examples: list[Example], data_cfg: DataConfig, step: int):
+    """Judged as `tokenpo.evaluate` judges the benchmark (benchmark_reward), not with the training reward."""
     cfg = ctx.cfg
-    reward = cfg.reward_for(data_cfg)
-    metrics, records = evaluate(
-        eval_examples,
-        lambda ex: ctx.prompt_ids(ex, data_cfg.template),
-        ctx.generate,
-        lambda ids: ctx.tokenizer.batch_decode(ids, skip_special_tokens=True),
-        ctx.scorer,
-        cfg.eval,
-        (reward.answer_pattern, reward.fallback),
-        max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-        stop_token_ids=ctx.stop_token_ids,
-        seed=cfg.seed + step,
-    )
+    reward = benchmark_reward(cfg.reward, data_cfg)
+    # the training scorer serves when the benchmark reads answers alike; otherwise workers for this evaluation
+    scorer = contextlib.nullcontext(ctx.scorer) if reward == ctx.reward else RewardScorer(reward)
+    with scorer as eval_scorer:
+        metrics, records = evaluate(
+            eval_examples,
+            lambda ex: ctx.prompt_ids(ex, data_cfg),
+            ctx.generate,
+            lambda ids: ctx.tokenizer.batch_decode(ids, skip_special_tokens=True),
+            eval_scorer,
+            cfg.eval,
+            (reward.answer_pattern, reward.fallback, reward.reasoning_tag),
+            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+            stop_token_ids=ctx.stop_token_ids,
+            seed=cfg.seed + step,
+        )
     flat = {f"eval/{cfg.eval.name}/{k}": v for k, v in metrics.items()}
     flat["eval/accuracy"] = metrics["accuracy"]
     return flat, records
@@ -142,18 +150,22 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
     tokenizer, model = load_model(cfg.model, cfg.seed)
     device = dist.device()
     reference = None
+    sizes = dict(micro_batch_size=cfg.trainer.micro_batch_size, max_grad_norm=cfg.trainer.max_grad_norm,
+                 world_size=dist.world_size())
     if alg.needs_reference(cfg.algorithm):
-        reference = build_reference(model, cfg.deepspeed, cfg.trainer, dist.world_size())
+        reference = build_reference(model, cfg.deepspeed, **sizes)
         reference.to(device)
-    policy = build_policy_engine(model, cfg.deepspeed, cfg.trainer, dist.world_size())
-    train_examples, train_eval = load_splits(cfg.data, cfg.seed)
-    eval_examples, eval_data = load_benchmark(cfg.eval, cfg.data, cfg.seed, train_eval)
+    optimizer = build_optimizer(model, cfg.trainer)
+    policy = build_policy_engine(model, optimizer, cfg.deepspeed, **sizes)
+    train_examples, train_eval = load_splits(cfg.data, cfg.seed, tokenizer)
+    eval_examples, eval_data = load_benchmark(cfg.eval, cfg.data, cfg.seed, tokenizer, train_eval)
     sampler = PromptSampler(train_examples, cfg.data.prompts_per_step, cfg.seed)
     stop = StopRequest()
     with RewardScorer(cfg.reward_for(cfg.data)) as scorer:
         ctx = RunContext(cfg, run_dir, tokenizer, policy, reference, scorer, sampler, device)
         start_step, wandb_id, history = 0, None, {}
         resume_dir = checkpoint.find_resume_dir(cfg.trainer.resume, run_dir)
+        checkpoint.set_aside_stale(run_dir / "checkpoints", resume_dir)
         if resume_dir is not None:
             state = checkpoint.load(policy, resume_dir)
             start_step, wandb_id, history = state["step"], state.get("wandb_id"), state.get("history", {})
@@ -172,19 +184,28 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             report_samples("before training", records, cfg.trainer.print_samples)
             write_eval(run_dir / "eval_before.json", metrics, records)
             # the training clock starts after this evaluation: the before-training point sits at 0 s
-            logger.log(0, {**metrics, "time/elapsed_s": 0.0})
+            logger.log(0, {**metrics, "time/elapsed_s": 0.0, "tokens/generated_total": 0.0})
         started = time.perf_counter() - history.get("elapsed_s", 0.0)
         step, interrupted = start_step, False
         for step in range(start_step + 1, cfg.trainer.max_steps + 1):
             ctx.timings = Timings()
             step_start = time.perf_counter()
             rollouts = collect_rollouts(ctx, step)
-            metrics = train_on_rollouts(ctx, rollouts, ctx.timings)
+            # every update of this step at lr(step): the schedule counts rollout steps, not mini-batch updates
+            lr = set_step_lr(optimizer, step, cfg.trainer)
+            # dynamic sampling's keep_partial may leave no group that splits over the ranks: no update this step
+            metrics = train_on_rollouts(ctx, rollouts, ctx.timings) if rollouts.examples else {"lr": lr}
+            metrics.update(dynamic_sampling_metrics(rollouts))
             step_s = time.perf_counter() - step_start
             completion_tokens = sum(len(r) for r in rollouts.response_ids)
             metrics.update({f"timing/{k}_s": v for k, v in ctx.timings.seconds.items()})
             metrics["timing/step_s"] = step_s
             metrics["throughput/tokens_per_s"] = completion_tokens / step_s
+            # the equal-compute axis of tokenpo.compare: every dynamic-sampling round counts, kept or filtered out;
+            # the running total lives in the checkpoint's history, so a resumed run continues it
+            history["generated_tokens"] = history.get("generated_tokens", 0) + rollouts.generated_tokens
+            metrics["tokens/generated"] = float(rollouts.generated_tokens)
+            metrics["tokens/generated_total"] = float(history["generated_tokens"])
             last = step == cfg.trainer.max_steps
             if eval_examples and (last or (cfg.eval.every_steps and step % cfg.eval.every_steps == 0)):
                 eval_metrics, records = eval_benchmark(ctx, eval_examples, eval_data, step)
@@ -223,13 +244,3 @@ def report_samples(title: str, records: list[dict], count: int) -> None:
 def write_eval(path: Path, metrics: dict, records: list[dict]) -> None:
     if dist.is_main():
         path.write_text(json.dumps({"metrics": metrics, "records": records}, indent=1))
-
-
-def export_hf(policy, tokenizer, out: Path, stage: int) -> None:
-    """The final policy in Hugging Face format (loadable with AutoModelForCausalLM.from_pretrained)."""
-    state = policy._zero3_consolidated_16bit_state_dict() if stage == 3 else None
-    if dist.is_main():
-        policy.module.save_pretrained(out, state_dict=state)
-        tokenizer.save_pretrained(out)
-    if dist.world_size() > 1:
-        torch.distributed.barrier()

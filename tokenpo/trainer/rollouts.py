@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tokenpo.algorithms import select_mixed_groups
+from tokenpo import algorithms as alg
 from tokenpo.data import Example
 from tokenpo.deepspeed import dist
+from tokenpo.errors import ConfigError
 from tokenpo.rewards import CORRECT, GOLD_INVALID
 from tokenpo.rollout.engine import SamplingParams
 
@@ -24,9 +25,14 @@ class StepRollouts:
     response_text: list[str] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)
+    # dynamic sampling's account of the step (logged as dynamic_sampling/*)
     rounds: int = 0
-    generated_groups: int = 0
-    mixed_groups: int = 0
+    generated_groups: int = 0  # groups generated over all rounds
+    generated_tokens: int = 0  # response tokens generated over all rounds, kept or filtered out (all ranks)
+    mixed_groups: int = 0  # generated groups that passed the filter (all of them without dynamic sampling)
+    filled_groups: int = 0  # all-equal groups added to reach prompts_per_step (on_exhausted: fill)
+    dropped_groups: int = 0  # mixed groups left out: beyond prompts_per_step, or the uneven rest (keep_partial)
+    exhausted: bool = False  # max_gen_batches rounds found fewer mixed groups than prompts_per_step
 
     @property
     def group_size(self) -> int:
@@ -67,32 +73,77 @@ def generate_and_score(ctx, examples: list[Example], params: SamplingParams, gen
     return merged
 
 
+def mixed_group_ids(rollouts: StepRollouts) -> list[int]:
+    """Groups with both right and wrong answers (DAPO filters on accuracy) and a gold answer that parses."""
+    g = rollouts.group_size
+    correct = torch.tensor([v == CORRECT for v in rollouts.verdicts], dtype=torch.float32)
+    group_ids = torch.arange(len(rollouts.examples)).repeat_interleave(g)
+    mixed = alg.select_mixed_groups(correct, group_ids, len(rollouts.examples))
+    return [i for i in mixed if rollouts.verdicts[i * g] != GOLD_INVALID]
+
+
 def collect_rollouts(ctx, step: int) -> StepRollouts:
-    """One step's batch of exactly `prompts_per_step` groups (DAPO dynamic sampling fills it with mixed groups)."""
+    """One step's batch of `prompts_per_step` groups. Under DAPO dynamic sampling each of at most
+    `max_gen_batches` rounds draws `prompts_per_round` prompts (verl's gen_batch_size) until enough groups are
+    mixed; the first `prompts_per_step` of them make the batch, and `on_exhausted` decides when too few are."""
     needed = ctx.cfg.data.prompts_per_step
     ds = ctx.cfg.algorithm.dynamic_sampling
     params = ctx.sampling_params()
-    batch = StepRollouts()
-    spare = StepRollouts()  # all-equal groups, used only if dynamic sampling runs out of rounds
-    max_rounds = ds.max_gen_batches if ds.enabled else 1
-    for round_index in range(max_rounds):
+    if not ds.enabled:
+        batch = generate_and_score(ctx, ctx.sampler.next_batch(needed), params, ctx.rollout_generator(step, 0))
+        batch.rounds, batch.generated_groups, batch.mixed_groups = 1, needed, needed
+        batch.generated_tokens = sum(map(len, batch.response_ids))
+        return batch
+    drawn = alg.prompts_per_round(needed, ds.oversample, dist.world_size())
+    mixed, rest = StepRollouts(), StepRollouts()  # rest: the groups the filter dropped, in order
+    for round_index in range(ds.max_gen_batches):
         generator = ctx.rollout_generator(step, round_index)
-        fresh = generate_and_score(ctx, ctx.sampler.next_batch(), params, generator)
-        batch.rounds += 1
-        batch.generated_groups += len(fresh.examples)
-        if not ds.enabled:
-            batch.extend(fresh)
-            break
-        correct = torch.tensor([v == CORRECT for v in fresh.verdicts], dtype=torch.float32)
-        group_ids = torch.arange(len(fresh.examples)).repeat_interleave(fresh.group_size)
-        valid = [fresh.verdicts[i * fresh.group_size] != GOLD_INVALID for i in range(len(fresh.examples))]
-        keep = set(select_mixed_groups(correct, group_ids, needed - len(batch.examples)))
+        fresh = generate_and_score(ctx, ctx.sampler.next_batch(drawn), params, generator)
+        mixed.rounds += 1
+        mixed.generated_groups += len(fresh.examples)
+        mixed.generated_tokens += sum(map(len, fresh.response_ids))
+        keep = set(mixed_group_ids(fresh))
         for i in range(len(fresh.examples)):
-            (batch if i in keep and valid[i] else spare).extend(fresh.group(i))
-        if len(batch.examples) >= needed:
+            (mixed if i in keep else rest).extend(fresh.group(i))
+        if len(mixed.examples) >= needed:
             break
-    batch.mixed_groups = len(batch.examples)
-    # out of rounds: fill with all-equal groups (zero advantage under GRPO-style estimators) to keep the shape
-    for i in range(needed - len(batch.examples)):
-        batch.extend(spare.group(i))
+    found = len(mixed.examples)
+    if found < needed and ds.on_exhausted == "error":
+        raise ConfigError(
+            f"algorithm.dynamic_sampling: step {step} found {found} mixed groups of the {needed} data.prompts_per_step "
+            f"asks for in max_gen_batches={ds.max_gen_batches} rounds of {drawn} prompts; raise "
+            f"algorithm.dynamic_sampling.max_gen_batches or .oversample, or set .on_exhausted=fill or keep_partial")
+    return fill_batch(mixed, rest, needed, ds.on_exhausted, dist.world_size() * ctx.cfg.trainer.mini_batches)
+
+
+def fill_batch(mixed: StepRollouts, rest: StepRollouts, needed: int, on_exhausted: str, parts: int) -> StepRollouts:
+    """The step's batch from the mixed groups found (in order) and the dropped ones: the first `needed` mixed
+    groups; with fewer, `fill` adds dropped groups up to `needed` (all-equal: zero advantage under GRPO-style
+    estimators, entropy-only under GTPO) and `keep_partial` keeps the most that split over `parts`
+    (= ranks x mini-batches)."""
+    found = len(mixed.examples)
+    exhausted = found < needed
+    kept = alg.partial_batch_size(found, parts) if exhausted and on_exhausted == "keep_partial" else min(found, needed)
+    filled = needed - found if exhausted and on_exhausted == "fill" else 0
+    batch = StepRollouts(rounds=mixed.rounds, generated_groups=mixed.generated_groups,
+                         generated_tokens=mixed.generated_tokens, mixed_groups=found,
+                         filled_groups=filled, dropped_groups=found - kept, exhausted=exhausted)
+    for i in range(kept):
+        batch.extend(mixed.group(i))
+    for i in range(filled):
+        batch.extend(rest.group(i))
     return batch
+
+
+def dynamic_sampling_metrics(rollouts: StepRollouts) -> dict[str, float]:
+    """How the step's batch was collected (logged every step, also when no update ran)."""
+    return {
+        "dynamic_sampling/rounds": float(rollouts.rounds),
+        "dynamic_sampling/prompts": float(rollouts.generated_groups),
+        "dynamic_sampling/mixed_groups": float(rollouts.mixed_groups),
+        "dynamic_sampling/filled_groups": float(rollouts.filled_groups),
+        "dynamic_sampling/dropped_groups": float(rollouts.dropped_groups),
+        "dynamic_sampling/exhausted": float(rollouts.exhausted),
+        "dynamic_sampling/filtered_frac": 1.0 - rollouts.mixed_groups / max(1, rollouts.generated_groups),
+        "dynamic_sampling/batch_groups": float(len(rollouts.examples)),
+    }

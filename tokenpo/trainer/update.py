@@ -99,7 +99,8 @@ def step_tensors(rollouts: StepRollouts, max_new_tokens: int, algorithm_cfg):
 def format_rewards(rollouts: StepRollouts, reward) -> torch.Tensor:
     """1 where a response gives its answer in the asked-for form (e.g. a boxed number), else 0."""
     require_number = reward.answer_format == "number"
-    return torch.tensor([format_reward(text, reward.answer_pattern, require_number=require_number)
+    return torch.tensor([format_reward(text, reward.answer_pattern, require_number=require_number,
+                                       reasoning_tag=reward.reasoning_tag)
                          for text in rollouts.response_text])
 
 
@@ -190,7 +191,5 @@ def rollout_metrics(rollouts: StepRollouts, t: dict, advantages: torch.Tensor) -
         "response_length/max": float(lengths.max()) if lengths.numel() else 0.0,
         "response_length/truncated_frac": float(t["truncated"].float().mean()),
         "advantage/abs_mean": float((advantages.abs() * t["mask"]).sum() / t["mask"].sum().clamp(min=1)),
-        "dynamic_sampling/rounds": float(rollouts.rounds),
-        "dynamic_sampling/filtered_frac": 1.0 - rollouts.mixed_groups / max(1, rollouts.generated_groups),
     })
     return out

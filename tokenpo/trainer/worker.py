@@ -2,6 +2,7 @@
 
 RANK / WORLD_SIZE / MASTER_* come from the environment (tokenpo.trainer.launch sets them). Rank 0 logs to the
 console and appends to the run's train.log like a one-process run; the other ranks log warnings only.
+A worker dies with the job that started it (`die_with_launcher`).
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from pathlib import Path
 
 from tokenpo.config import build_config
 from tokenpo.errors import ConfigError
-from tokenpo.trainer.launch import RESOLVED
+from tokenpo.trainer.launch import RESOLVED, die_with_launcher
 from tokenpo.trainer.loop import train
 
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
 
 def main(argv: list[str]) -> int:
+    die_with_launcher()
     run_dir = Path(argv[0])
     payload = json.loads((run_dir / RESOLVED).read_text())
     rank0 = os.environ.get("RANK", "0") == "0"

@@ -1,0 +1,188 @@
+"""Is a group's final / best --target-metric different from the baseline's? The per-run values of the two
+groups go through a paired t-test when both ran the same seeds (same seed -> same prompt order), Welch's t-test
+otherwise; each table's p-values are Holm-corrected together."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokenpo.compare.runs import Run
+from tokenpo.compare.stats import CI_PROB, sample_std, series
+from tokenpo.compare.student_t import t_quantile, t_two_sided_p
+
+# family-wise error rate the Holm-adjusted p-values are held to
+ALPHA = 0.05
+# the override that pairs runs across groups: runs with the same seed draw the same prompts in the same order
+SEED_KEY = "seed"
+# what is compared of each run: the last logged value of the metric, or its best (max) one
+RUN_VALUE = {"final": lambda ys: float(ys[-1]), "best": lambda ys: float(ys.max())}
+
+
+@dataclass(frozen=True)
+class TTest:
+    name: str  # "paired (n=5)" or "Welch (n=3 vs 4)"
+    difference: float  # mean of group - baseline
+    ci_low: float  # 95 % Student-t interval of the difference
+    ci_high: float
+    t: float
+    df: float
+    p: float  # two-sided
+
+
+@dataclass(frozen=True)
+class Comparison:
+    group: str
+    n_group: int  # runs that logged the metric
+    n_baseline: int
+    difference: float | None  # mean(group) - mean(baseline); None when either has no value
+    test: TTest | None
+    note: str  # why there is no test ("n/a: 1 seed"), empty with one
+    p_holm: float | None = None
+
+
+def t_test(name: str, difference: float, standard_error: float, df: float) -> TTest | None:
+    """The t statistic, two-sided p and 95 % interval of a difference; None without spread (t undefined)."""
+    if standard_error == 0.0:
+        return None
+    half = t_quantile(CI_PROB, df) * standard_error
+    t = difference / standard_error
+    return TTest(name, difference, difference - half, difference + half, t, df, t_two_sided_p(t, df))
+
+
+def welch_t_test(group, baseline) -> TTest | None:
+    """Welch's unequal-variance t-test of mean(group) - mean(baseline), Welch–Satterthwaite df."""
+    a, b = np.asarray(group, dtype=float), np.asarray(baseline, dtype=float)
+    var_a, var_b = sample_std(a) ** 2 / a.size, sample_std(b) ** 2 / b.size
+    if var_a + var_b == 0.0:
+        return None
+    df = (var_a + var_b) ** 2 / (var_a**2 / (a.size - 1) + var_b**2 / (b.size - 1))
+    return t_test(f"Welch (n={a.size} vs {b.size})", float(a.mean() - b.mean()), math.sqrt(var_a + var_b), df)
+
+
+def paired_t_test(group, baseline) -> TTest | None:
+    """Paired t-test of the per-pair differences group[i] - baseline[i], n - 1 df."""
+    differences = np.asarray(group, dtype=float) - np.asarray(baseline, dtype=float)
+    n = differences.size
+    return t_test(f"paired (n={n})", float(differences.mean()), sample_std(differences) / math.sqrt(n), n - 1)
+
+
+def holm_adjust(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment (Holm 1979): the i-th smallest of m p-values times (m - i + 1), made
+    non-decreasing in that order and capped at 1; returned in the input order."""
+    adjusted = [0.0] * len(p_values)
+    running = 0.0
+    for rank, index in enumerate(sorted(range(len(p_values)), key=p_values.__getitem__)):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def seed_values(runs: list[Run], metric: str, which: str) -> list[tuple[str | None, float]]:
+    """(seed override or None, final or best value) of each run that logged the metric."""
+    reduce = RUN_VALUE[which]
+    return [(run.overrides.get(SEED_KEY), reduce(ys)) for run in runs if (ys := series(run.records, metric)[1]).size]
+
+
+def paired_by_seed(group, baseline) -> tuple[list[float], list[float]] | None:
+    """Both groups' values in seed order when each ran exactly the same seeds once; None otherwise."""
+    group_seeds, baseline_seeds = [seed for seed, _ in group], [seed for seed, _ in baseline]
+    if None in group_seeds or len(set(group_seeds)) < len(group) or len(set(baseline_seeds)) < len(baseline):
+        return None
+    if set(group_seeds) != set(baseline_seeds):
+        return None
+    by_seed = dict(baseline)
+    return [value for _, value in sorted(group)], [by_seed[seed] for seed, _ in sorted(group)]
+
+
+def seeds(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
+def baseline_test(group, baseline) -> tuple[TTest | None, str]:
+    """(test, "") or (None, why not): a test needs 2 values per group (2 pairs when paired) and some spread."""
+    if len(group) < 2 or len(baseline) < 2:
+        too_few = [seeds(len(group))] if len(group) < 2 else []
+        too_few += [f"baseline has {seeds(len(baseline))}"] if len(baseline) < 2 else []
+        return None, "n/a: " + ", ".join(too_few)
+    pairs = paired_by_seed(group, baseline)
+    test = paired_t_test(*pairs) if pairs else welch_t_test([v for _, v in group], [v for _, v in baseline])
+    return (test, "") if test else (None, "n/a: no spread (t undefined)")
+
+
+def compare_to_baseline(groups: dict[str, list[Run]], baseline: str, metric: str, which: str) -> list[Comparison]:
+    """One row per non-baseline group; the rows that have a test get Holm-adjusted p-values over this table."""
+    base = seed_values(groups[baseline], metric, which)
+    rows = []
+    for label, runs in groups.items():
+        if label == baseline:
+            continue
+        values = seed_values(runs, metric, which)
+        test, note = baseline_test(values, base)
+        difference = float(np.mean([v for _, v in values]) - np.mean([v for _, v in base])) if values and base else None
+        rows.append(Comparison(label, len(values), len(base), difference, test, note))
+    adjusted = iter(holm_adjust([row.test.p for row in rows if row.test]))
+    return [dataclasses.replace(row, p_holm=next(adjusted)) if row.test else row for row in rows]
+
+
+def result(row: Comparison) -> str:
+    """Significant only after Holm; a non-significant difference is never called higher or lower."""
+    if row.test is None:
+        return row.note
+    if row.p_holm < ALPHA:
+        return "significant: higher" if row.test.difference > 0 else "significant: lower"
+    return "not significant"
+
+
+def fmt_p(p: float | None) -> str:
+    return "—" if p is None else ("<0.001" if p < 0.001 else f"{p:.3f}")
+
+
+def fmt_difference(row: Comparison) -> str:
+    if row.difference is None:
+        return "—"
+    interval = f" [{row.test.ci_low:+.3f}, {row.test.ci_high:+.3f}]" if row.test else ""
+    return f"{row.difference:+.3f}{interval}"
+
+
+def significance_markdown(tables: dict[str, list[Comparison]], metric: str, baseline: str) -> str:
+    """A table per compared value (final, best) with a line on how to read them."""
+    header = ["group", "seeds (group vs baseline)", "test", "difference [95 % CI]", "p", "p (Holm)", "result"]
+    lines = []
+    for which, rows in tables.items():
+        lines += [f"**{which} {metric}, group − {baseline}**", "", "| " + " | ".join(header) + " |",
+                  "|" + " --- |" * len(header)]
+        lines += [
+            f"| {row.group} | {row.n_group} vs {row.n_baseline} | {row.test.name if row.test else '—'} | "
+            f"{fmt_difference(row)} | {fmt_p(row.test and row.test.p)} | {fmt_p(row.p_holm)} | {result(row)} |"
+            for row in rows
+        ]
+        lines.append("")
+    lines.append(
+        f"final = each run's last logged {metric}, best = its maximum. Paired t-test on the per-seed differences "
+        "when both groups ran the same seeds (same seed, same prompt order), else Welch's t-test (Welch–Satterthwaite "
+        "df); two-sided p; 95 % Student-t interval of the difference. p (Holm): Holm-corrected over the tested rows "
+        f"of that table; significant = p (Holm) < {ALPHA:g}. \"not significant\" with few seeds means the runs cannot "
+        "tell, not that the groups are equal."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def write_significance_csv(tables: dict[str, list[Comparison]], metric: str, baseline: str, path: Path) -> None:
+    """Full-precision numbers, one row per (final/best, group); empty cells where no test ran."""
+    columns = ["value", "metric", "group", "baseline", "n_group", "n_baseline", "test", "difference",
+               "ci95_low", "ci95_high", "t", "df", "p", "p_holm", "result"]
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(columns)
+        for which, rows in tables.items():
+            for row in rows:
+                test = row.test
+                stats = [test.name, row.difference, test.ci_low, test.ci_high, test.t, test.df, test.p, row.p_holm] \
+                    if test else ["", "" if row.difference is None else row.difference, *[""] * 6]
+                writer.writerow([which, metric, row.group, baseline, row.n_group, row.n_baseline, *stats, result(row)])

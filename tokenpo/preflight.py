@@ -1,0 +1,163 @@
+"""Start-up checks that stop a bad run in one line, in seconds, before any heavy work.
+
+`check_command_line` composes the config the way Hydra will, before Hydra's main runs: Hydra's own report of an
+unknown group option or key is 12-14 lines. `check_inputs` opens what the config points at (data files, the user
+reward function, the checkpoint to resume, the model's weights) before a model loads or a worker starts.
+Both raise ConfigError; `tokenpo.train` prints it as one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra._internal.utils import get_args_parser
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from tokenpo.config import TrainConfig, build_config
+from tokenpo.data.config import data_config_from_dict
+from tokenpo.data.loaders import check_local_files
+from tokenpo.errors import ConfigError
+from tokenpo.rewards.user_fn import load_reward_fn
+from tokenpo.trainer.checkpoint import find_resume_dir
+
+# Hydra flags that do not run a job (help, info, completion, rerun) or that pick another config tree: left to Hydra
+NOT_CHECKED_FLAGS = ("help", "hydra_help", "info", "shell_completion", "experimental_rerun", "config_path",
+                     "config_name", "config_dir")
+
+
+def check_command_line(conf_dir: str, config_name: str, argv: list[str]) -> None:
+    """Every group option and key the command line names exists, and each job's config validates.
+
+    A sweep is composed once per value of each swept key (the other keys at their first value), not as the whole
+    cartesian product.
+    """
+    args = get_args_parser().parse_args(argv)
+    if any(getattr(args, flag) for flag in NOT_CHECKED_FLAGS):
+        return
+    with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        try:
+            overrides = OverridesParser.create(config_loader=loader).parse_overrides(args.overrides)
+        except OverrideParseException as err:
+            raise ConfigError(f"{err.override}: {one_line(err)}") from err
+        for override in overrides:
+            check_group_option(loader, override)
+        jobs = job_overrides(overrides)
+        sweep = next((o for o in overrides if o.is_sweep_override()), None)
+        if sweep is not None and not args.multirun and not multirun_mode(config_name, jobs[0]):
+            raise ConfigError(f"{sweep.input_line} sweeps over several values: add -m to run one job per value "
+                              "(or write a list as key=[a,b], a string with commas as key='a,b')")
+        for job in jobs:
+            compose_and_validate(config_name, job)
+
+
+def group_exists(loader, group: str) -> bool:
+    parent, _, name = group.rpartition("/")
+    return name in loader.list_groups(parent)
+
+
+def group_options(loader, group: str) -> list[str]:
+    """The options of a config group as Hydra names them; those in subfolders as sub/option."""
+    nested = [f"{sub}/{option}" for sub in loader.list_groups(group)
+              for option in group_options(loader, f"{group}/{sub}")]
+    return sorted(loader.get_group_options(group) + nested)
+
+
+def check_group_option(loader, override: Override) -> None:
+    """`group=option` names an existing option (an unknown option of an optional group, such as experiment, would
+    otherwise be skipped without a word)."""
+    group = override.key_or_group
+    if override.is_delete() or not group_exists(loader, group):
+        return
+    if override.is_discrete_sweep():
+        values = list(override.sweep_iterator())
+    else:
+        values = [] if override.is_sweep_override() else [override.value()]
+    options = group_options(loader, group)
+    for value in values:
+        if isinstance(value, str) and value not in options:
+            raise ConfigError(f"{group}={value}: no such option in config group {group!r} "
+                              f"(available: {', '.join(options)})")
+
+
+def job_overrides(overrides: list[Override]) -> list[list[str]]:
+    """Override lists that together take every value of every swept key once, the other keys at their first value.
+
+    A sweep with no listable values (a glob matching nothing, a search's interval()) is left to the sweeper.
+    """
+    lines = []
+    for override in overrides:
+        if not override.is_sweep_override():
+            lines.append([override.input_line])
+        elif override.is_discrete_sweep():
+            lines.append([f"{override.get_key_element()}={value}" for value in override.sweep_string_iterator()])
+    lines = [values for values in lines if values]
+    first = [values[0] for values in lines]
+    jobs = [first]
+    for i, values in enumerate(lines):
+        jobs += [first[:i] + [value] + first[i + 1:] for value in values[1:]]
+    return jobs
+
+
+def multirun_mode(config_name: str, overrides: list[str]) -> bool:
+    """The config itself asks for a multirun (hydra.mode: MULTIRUN, as a hyper-parameter search experiment does)."""
+    tree = compose(config_name, overrides=overrides, return_hydra_config=True)
+    return tree.hydra.mode == RunMode.MULTIRUN
+
+
+def compose_and_validate(config_name: str, overrides: list[str]) -> None:
+    try:
+        build_config(compose(config_name, overrides=overrides))
+    except MissingConfigException as err:
+        first_line = str(err).splitlines()[0]
+        group = (err.missing_cfg_file or "").rpartition("/")[0]
+        available = f" (available in {group!r}: {', '.join(err.options)})" if err.options else ""
+        raise ConfigError(f"{first_line}{available}") from err
+    except HydraException as err:
+        full_key = getattr(err.__cause__, "full_key", None)
+        if full_key and "not in struct" in str(err.__cause__):
+            raise ConfigError(unknown_key(config_name, overrides, full_key)) from err
+        raise ConfigError(one_line(err)) from err
+    except OmegaConfBaseException as err:  # e.g. an interpolation that does not resolve
+        raise ConfigError(one_line(err)) from err
+
+
+def unknown_key(config_name: str, overrides: list[str], full_key: str) -> str:
+    """'trainer.foo=1: unknown key trainer.foo (known: ...)', the known keys read from the config composed without
+    the overrides that name the unknown key."""
+    def names_it(line: str) -> bool:
+        key = line.split("=", 1)[0].lstrip("+~")
+        return key == full_key or key.startswith(full_key + ".")
+
+    bad = [line for line in overrides if names_it(line)]
+    tree = compose(config_name, overrides=[line for line in overrides if not names_it(line)])
+    parent = full_key.rpartition(".")[0]
+    node = OmegaConf.select(tree, parent) if parent else tree
+    known = f" (known: {', '.join(sorted(node))})" if isinstance(node, DictConfig) else f" ({parent} is not a mapping)"
+    return f"{', '.join(bad) or full_key}: unknown key {full_key}{known}"
+
+
+def one_line(err: Exception) -> str:
+    return " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+
+
+def check_inputs(cfg: TrainConfig, run_dir: Path) -> None:
+    """The data files (training and benchmark), the user reward function, the checkpoint to resume and the model's
+    weights can be read; nothing heavy is loaded."""
+    # imported here, after the quicker checks passed: transformers' model classes take seconds to import
+    from tokenpo.models.loading import check_weights_available
+
+    check_local_files(cfg.data)
+    if cfg.eval.data is not None:
+        check_local_files(data_config_from_dict(cfg.eval.data))
+    if cfg.reward.fn is not None:
+        load_reward_fn(cfg.reward.fn)
+    find_resume_dir(cfg.trainer.resume, run_dir, quick=True)
+    check_weights_available(cfg.model)
