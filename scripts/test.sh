@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
-# The tests: set up, then run the suite (tiny models, a few steps; `-m slow` selects the long end-to-end checks).
+# The tests: set up, then run the suite (tiny models, a few steps; `-m slow` selects the long end-to-end checks),
+# then the vLLM engine's tests (`-m vllm`) in the environment of scripts/setup_vllm.sh, with the same arguments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="$(bash scripts/setup.sh | tail -n 1)"
+VLLM_PY="$(bash scripts/setup_vllm.sh | tail -n 1)"
 export WANDB_MODE=disabled
-exec "$PY" -m pytest -q "$@"
+status=0
+"$PY" -m pytest -q "$@" || status=$?
+vllm_status=0
+"$VLLM_PY" -m pytest -q "$@" -m vllm || vllm_status=$?
+# pytest exits 5 when it selected no test: fine for one of the two runs (`scripts/test.sh tests/algorithms` has no
+# vLLM test, `scripts/test.sh tests/rollout/test_vllm_engine.py` nothing for the main run), not for both
+if [ "$status" -eq 5 ] && [ "$vllm_status" -ne 5 ]; then status=0; fi
+if [ "$vllm_status" -eq 5 ] && [ "$status" -ne 5 ]; then vllm_status=0; fi
+if [ "$status" -ne 0 ]; then exit "$status"; fi
+exit "$vllm_status"

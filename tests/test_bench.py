@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenpo.bench.settings import BenchSettings, train_config
+from tokenpo.bench.settings import BenchSettings, hydra_overrides, train_config
 from tokenpo.bench.stats import PHASES, PeakMemory, forward_flops, summarise
 from tokenpo.errors import ConfigError
 from tokenpo.models.logprobs import length_buckets
@@ -43,6 +43,18 @@ def test_summarise_drops_each_runs_warmup_step_and_pools_the_rest():
     forward = sum(2 * 1000 * (10 + n) + 80 * n for n in (40, 20, 30))
     assert out["update_gflops_per_s"] == pytest.approx(3 * forward / 6.0 / 1e9)
     assert out["reference_gflops_per_s"] is None
+    # only the last run's measured step generated (2.5 s): 90 tokens over it; no weight sync (the hf engine)
+    assert out["generation_tokens_per_s"] == pytest.approx(90 / 2.5)
+    assert out["weight_sync_frac"] == 0.0
+
+
+def test_summarise_reports_the_weight_sync_share_of_the_steps():
+    runs = [{"steps": [step(9.0, 1.0, 5), step(4.0, 2.0, 40, generate=2.0, weight_sync=0.2),
+                       step(6.0, 3.0, 20, generate=1.0, weight_sync=0.4)], "peak_rss_mb": {"total": 1.0}}]
+    out = summarise(runs, SHAPE)
+    assert out["weight_sync_frac"] == pytest.approx(0.6 / 10.0)
+    assert out["generation_tokens_per_s"] == pytest.approx(60 / 3.0)
+    assert out["phases_s"]["weight_sync"] == pytest.approx(0.3)
 
 
 def test_forward_flops_counts_the_head_on_completion_tokens_only():
@@ -70,6 +82,7 @@ def test_peak_memory_counts_children_that_already_exited():
 
 @pytest.mark.parametrize("settings, message", [
     (BenchSettings(model="gpt2"), "--model must be one of smollm2_135m, tiny"),
+    (BenchSettings(engine="sglang"), "--engine must be one of hf, vllm, got 'sglang'"),
     (BenchSettings(group_size=1), "--group-size must be >= 2, got 1"),
     (BenchSettings(steps=1), "--steps must be >= 2"),
     (BenchSettings(prompts=0), "--prompts must be >= 1, got 0"),
@@ -195,3 +208,8 @@ def test_bench_cli_writes_the_result_json_of_a_real_tiny_run(tmp_path):
     assert result["completion_tokens_per_s"] == pytest.approx(measured["completion_tokens"] / measured["step_s"])
     assert result["peak_rss_mb"] == run["peak_rss_mb"]["total"] > 100
     assert "tokenpo" in done.stdout and "median step" in done.stdout
+
+
+def test_the_engine_option_picks_tokenpos_rollout_config_group():
+    assert "rollout=hf" in hydra_overrides(BenchSettings())
+    assert "rollout=vllm" in hydra_overrides(BenchSettings(engine="vllm"))

@@ -1,18 +1,15 @@
 """Command-line checks before Hydra's main: every option and key a (sweep) command line names is composed once."""
 
-from pathlib import Path
-
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from tokenpo import CONF_DIR
 from tokenpo.errors import ConfigError
 from tokenpo.preflight import check_command_line, job_overrides
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
-
 
 def check(*argv: str) -> None:
-    check_command_line(CONF, "train", list(argv))
+    check_command_line(CONF_DIR, "train", list(argv))
 
 
 def test_a_sweep_is_composed_once_per_swept_value_not_as_the_product():

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
+from tokenpo import CONF_DIR
 from tokenpo.resolvers import join_nonempty
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 TIME = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d"
 
 

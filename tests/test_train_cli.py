@@ -65,6 +65,18 @@ def test_two_step_run_logs_every_metric_and_updates_the_model(tmp_path):
     assert_trained_from_seed(run_dir / "final", seed=0, lr=lines[-1]["lr"])
 
 
+def test_entropy_bonus_trains_through_the_recomputed_head(tmp_path):
+    """algorithm.loss.entropy_coef reaches the loss with the entropy's gradient (the loss refuses a detached one),
+    under the chunked head recompute; DAPO's token-mean makes the logged term exactly −c · mean entropy."""
+    run_dir = tmp_path / "run"
+    proc = train(*SMALL, "algorithm=dapo", "algorithm.dynamic_sampling.enabled=false", "algorithm.loss.entropy_coef=0.01",
+                 "trainer.recompute_head=true", "trainer.max_steps=1", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    step = read_metrics(run_dir)[-1]
+    assert step["loss/entropy"] == pytest.approx(-0.01 * step["entropy/mean"], rel=1e-5)
+    assert math.isfinite(step["loss"]) and step["grad_norm"] > 0
+
+
 def assert_trained_from_seed(final: Path, seed: int, lr: float) -> None:
     """final/ holds the seed's tiny model moved by two small optimiser steps: every tensor within a few lr of
     its initial value (a different init differs by ~0.02), and some tensor moved."""

@@ -14,7 +14,7 @@ from tokenpo.evaluation.config import EvalConfig
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.models.config import ModelConfig, model_config_from_dict
 from tokenpo.rewards.config import RewardConfig, resolve, reward_config_from_dict
-from tokenpo.rollout.config import RolloutConfig, rollout_config_from_dict
+from tokenpo.rollout.config import RolloutConfig, require_sampler_logprobs, rollout_config_from_dict
 from tokenpo.schema import from_dict
 from tokenpo.trainer.config import TrainerConfig
 
@@ -67,7 +67,7 @@ def build_config(tree: DictConfig | dict) -> TrainConfig:
     data = data_config_from_dict(plain["data"])
     if plain["eval"].get("data") is not None:
         data_config_from_dict(plain["eval"]["data"])  # a benchmark's data config fails here, not mid-run
-    return TrainConfig(
+    config = TrainConfig(
         seed=seed,
         algorithm=algorithm_config_from_dict(plain["algorithm"]),
         model=model_config_from_dict(plain["model"]),
@@ -79,6 +79,8 @@ def build_config(tree: DictConfig | dict) -> TrainConfig:
         eval=validated(from_dict(EvalConfig, plain["eval"], "eval")),
         trainer=validated(from_dict(TrainerConfig, plain["trainer"], "trainer")),
     )
+    require_sampler_logprobs(config.algorithm.loss.tis_cap, config.rollout)
+    return config
 
 
 def validated(cfg):

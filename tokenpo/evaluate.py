@@ -1,13 +1,13 @@
-"""`python -m tokenpo.evaluate` / `tokenpo-eval`: evaluate a checkpoint on a benchmark of the `eval` config group.
+"""`python -m tokenpo.evaluate` / `tokenpo-evaluate`: evaluate a checkpoint on a benchmark of the `eval` config group.
 
     python -m tokenpo.evaluate model_path=outputs/runs/<run>                      # the run's final/, held-out arith
     python -m tokenpo.evaluate model_path=outputs/runs/<run> eval=gsm8k \\
-        eval.data.path=../shared/data/gsm8k_test.jsonl eval.max_problems=20
+        eval.data.path=data/gsm8k_test.jsonl eval.max_problems=20
     python -m tokenpo.evaluate model_path=Qwen/Qwen2.5-Math-1.5B eval=math500 dtype=bfloat16
     python -m tokenpo.evaluate -m model_path=<folder> eval=gsm8k,math500         # one job per benchmark
 
 A benchmark reads one split, so its local file needs no `{split}`; a path that has one must be quoted for Hydra's
-override grammar: 'eval.data.path="../shared/data/gsm8k_{split}.jsonl"'.
+override grammar: 'eval.data.path="data/gsm8k_{split}.jsonl"'.
 Results go to `<output_dir>/eval.json` (metrics and every problem's responses and verdicts); by default
 output_dir is `<model_path>/eval_<eval.name>/` (beside a run's metrics, or inside a model folder) and
 `outputs/eval/<org>__<name>/eval_<eval.name>/` for a hub id. The metrics are printed as a markdown table.
@@ -23,9 +23,10 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
+from tokenpo import CONF_DIR
 from tokenpo.errors import ConfigError
 from tokenpo.evaluation.cli import build_eval_run, report, run_evaluation
-from tokenpo.train import CONF_DIR, fail
+from tokenpo.train import fail
 
 EVALUATE_CONFIG = {
     "defaults": [

@@ -16,12 +16,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from tokenpo import CONF_DIR
 from tokenpo.config import build_config
 from tokenpo.errors import ConfigError
 from tokenpo.preflight import check_command_line, check_inputs
 from tokenpo.trainer import rundir
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("tokenpo")
 
 

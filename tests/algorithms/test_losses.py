@@ -133,7 +133,7 @@ def test_tepo_loss_golden(load_algorithm):
     entropy = torch.tensor([[1.0, 2.0], [0.5, 0.5]])
     old_entropy = torch.tensor([[1.5, 1.5], [1.0, 1.0]])
     # s_0 = 1.1 (inside 0.8..1.28); the mask keeps only token (0, 0): A > 0 and entropy fell
-    loss, metrics, _ = run(cfg, log_ratio, advantages, mask, entropy=entropy, old_entropy=old_entropy)
+    loss, metrics, _ = run(cfg, log_ratio, advantages, mask, entropy=entropy, entropy_reference=old_entropy)
     a = 1 / math.sqrt(2)
     assert loss == pytest.approx((2 * -a * 1.1 + 2 * a + 0.05 * k3(-math.log(1.1))) / 4, abs=1e-6)
     assert metrics["tepo/mask_frac"] == 0.25
@@ -159,8 +159,8 @@ def test_tepo_masked_kl_gradient_lands_only_on_masked_tokens(load_algorithm):
     entropy, old_entropy = torch.rand(4, 5), torch.rand(4, 5)
     log_ratio = torch.randn(4, 5) * 0.05
     args = (log_ratio, advantages, mask)
-    _, _, with_kl = run(load_algorithm("tepo"), *args, entropy=entropy, old_entropy=old_entropy)
-    _, _, without = run(load_algorithm("tepo", loss={"kl_mask_coef": 0.0}), *args, entropy=entropy, old_entropy=old_entropy)
+    _, _, with_kl = run(load_algorithm("tepo"), *args, entropy=entropy, entropy_reference=old_entropy)
+    _, _, without = run(load_algorithm("tepo", loss={"kl_mask_coef": 0.0}), *args, entropy=entropy, entropy_reference=old_entropy)
     selected = KL_MASKS.get("tepo")(advantages, entropy, old_entropy, mask)
     # d k3(old - logp) / d logp = 1 - exp(old - logp); token-mean over the 14 real tokens
     expected = 0.05 * (1 - torch.exp(-log_ratio)) * selected / mask.sum()
@@ -207,13 +207,15 @@ def step_loss(cfg, step, splits):
     advantages = token_advantages(cfg, step["rewards"], correct, step["groups"], step["mask"], step["old_entropy"])
     entropy_ref = kl_mask_entropy_reference(cfg, step["old_entropy"], step["mask"], step["groups"])
     logp = (step["old_logp"] + step["log_ratio"]).requires_grad_(True)
+    # the current entropy with grad, as the trainer hands it to a config with an entropy bonus
+    entropy = step["entropy"].clone().requires_grad_(True)
     norm = LossNorm.from_mask(step["mask"], 9)
     parts = [
         torch.split(tensor, splits)
-        for tensor in (logp, step["old_logp"], advantages, step["mask"], step["ref_logp"], step["entropy"], entropy_ref)
+        for tensor in (logp, step["old_logp"], advantages, step["mask"], step["ref_logp"], entropy, entropy_ref)
     ]
     total = sum(
-        policy_loss(cfg, lp, old, adv, m, norm, ref_logp=ref, entropy=ent, old_entropy=old_ent)[0]
+        policy_loss(cfg, lp, old, adv, m, norm, ref_logp=ref, entropy=ent, entropy_reference=old_ent)[0]
         for lp, old, adv, m, ref, ent, old_ent in zip(*parts)
     )
     total.backward()
@@ -256,7 +258,7 @@ def test_entropy_and_advantages_receive_no_gradient(load_algorithm):
     advantages = torch.tensor([[0.5, 0.5], [-0.5, 0.0]], requires_grad=True)
     entropy = torch.tensor([[0.1, 0.2], [0.3, 0.4]], requires_grad=True)
     old_entropy = torch.ones(2, 2, requires_grad=True)
-    run(cfg, LOG_RATIO, advantages, MASK, entropy=entropy, old_entropy=old_entropy)
+    run(cfg, LOG_RATIO, advantages, MASK, entropy=entropy, entropy_reference=old_entropy)
     assert advantages.grad is None and entropy.grad is None and old_entropy.grad is None
 
 
@@ -301,3 +303,21 @@ def test_grpo_s_with_beta2_zero_is_a_sequence_ratio_grpo(load_algorithm):
     grpo, grpo_grad = step_loss(sequence_grpo, step, [BATCH])
     torch.testing.assert_close(grpo_s, grpo)
     torch.testing.assert_close(grpo_s_grad, grpo_grad)
+
+
+def test_entropy_bonus_golden_and_gradient(load_algorithm):
+    """loss.entropy_coef c: loss − c · aggregated entropy, with d loss / d H = −c · (the aggregation's weights)."""
+    entropy = torch.tensor([[2.0, 1.0], [0.5, 9.0]], requires_grad=True)
+    plain, plain_metrics, _ = run(load_algorithm("dapo"), LOG_RATIO, ADVANTAGES, MASK, entropy=entropy.detach())
+    loss, metrics, _ = run(load_algorithm("dapo", loss={"entropy_coef": 0.01}), LOG_RATIO, ADVANTAGES, MASK,
+                           entropy=entropy)
+    # DAPO's token-mean over the 3 real tokens: (2 + 1 + 0.5) / 3; the padded 9 counts nowhere
+    assert loss == pytest.approx(plain - 0.01 * 3.5 / 3, abs=1e-7)
+    assert metrics["loss/entropy"] == pytest.approx(-0.01 * 3.5 / 3)
+    assert "loss/entropy" not in plain_metrics
+    torch.testing.assert_close(entropy.grad, -0.01 * MASK / 3)
+
+
+def test_entropy_bonus_refuses_a_detached_entropy(load_algorithm):
+    with pytest.raises(ValueError, match="entropy_coef needs the current entropy with its gradient; got a detached"):
+        run(load_algorithm("dapo", loss={"entropy_coef": 0.01}), LOG_RATIO, ADVANTAGES, MASK, entropy=torch.ones(2, 2))

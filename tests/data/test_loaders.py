@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from tokenpo import CONF_DIR
 from tokenpo.data import build_prompt, data_config_from_dict, load_split, load_splits
 from tokenpo.data.answers import DAPO_PREFIX, DAPO_SUFFIX
 from tokenpo.data.loaders import check_local_files
 from tokenpo.errors import ConfigError
 
-CONF_DATA = Path(__file__).resolve().parents[2] / "conf" / "data"
+CONF_DATA = Path(CONF_DIR) / "data"
 
 
 def test_gsm8k_answers_after_hashes_without_commas_and_bad_rows_counted(make_cfg, fixtures_dir):

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from tokenpo.trainer.optim import step_lr
 from tokenpo.models.loading import load_model
-from tokenpo.trainer.loop import RunContext, Timings
+from tokenpo.trainer.context import RunContext, Timings
 from tokenpo.trainer.update import train_on_rollouts
 
 pytestmark = pytest.mark.multiproc
@@ -69,8 +69,8 @@ def plain_update(micro: str) -> tuple[dict, dict, list]:
     cfg, _ = compose_config(zero_ranks.update_overrides("zero0", micro))
     tokenizer, model = load_model(cfg.model, cfg.seed)
     reference = copy.deepcopy(model).eval().requires_grad_(False)
-    ctx = RunContext(cfg, Path("."), tokenizer, PlainEngine(model, cfg.trainer), reference, None, None,
-                     torch.device("cpu"))
+    ctx = RunContext.create(cfg, Path("."), tokenizer, PlainEngine(model, cfg.trainer), reference, None, None,
+                            torch.device("cpu"))
     metrics = train_on_rollouts(ctx, zero_ranks.fixed_rollouts(len(tokenizer)), Timings())
     return metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}, zero_ranks.sample(ctx)
 

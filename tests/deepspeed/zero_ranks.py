@@ -24,7 +24,7 @@ from tokenpo.deepspeed.export import export_hf
 from tokenpo.models.loading import load_model
 from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG
 from tokenpo.rollout.engine import SamplingParams
-from tokenpo.trainer.loop import RunContext, Timings
+from tokenpo.trainer.context import RunContext, Timings
 from tokenpo.trainer.optim import build_optimizer
 from tokenpo.trainer.rollouts import StepRollouts
 from tokenpo.trainer.update import train_on_rollouts
@@ -84,7 +84,7 @@ def one_update(stage: str, micro: str, out: Path) -> None:
                  world_size=dist.world_size())
     reference = build_reference(model, cfg.deepspeed, **sizes)
     policy = build_policy_engine(model, build_optimizer(model, cfg.trainer), cfg.deepspeed, **sizes)
-    ctx = RunContext(cfg, out, tokenizer, policy, reference, None, None, dist.device())
+    ctx = RunContext.create(cfg, out, tokenizer, policy, reference, None, None, dist.device())
     metrics = train_on_rollouts(ctx, fixed_rollouts(len(tokenizer)), Timings())
     tokens = sample(ctx)
     name = f"{stage}-{micro}"

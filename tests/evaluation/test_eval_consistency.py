@@ -82,15 +82,18 @@ RESPONSES = {0: "So 2+2 is 4.", 1: "\\boxed{4}"}
 
 
 class RecordingEngine:
-    """A stand-in policy writing RESPONSES (greedy 0, sampled 1) that records the sampling parameters."""
+    """A stand-in rollout engine writing RESPONSES (greedy 0, sampled 1) that records the sampling parameters."""
 
     def __init__(self):
         self.params = []
 
-    def __call__(self, model, prompt_ids, params, pad_token_id, generator):
+    def generate(self, prompt_ids, params, generator):
         self.params.append(params)
         rows = len(prompt_ids) * params.num_samples
         return Responses(token_ids=[[int(params.temperature > 0)]] * rows, truncated=[False] * rows)
+
+    def close(self):
+        pass
 
 
 def protocol_settings(params) -> list[tuple]:
@@ -103,7 +106,7 @@ def test_eval_temperature_and_top_p_reach_the_samples_in_both_paths(monkeypatch,
     tokenizer = SimpleNamespace(batch_decode=lambda ids, skip_special_tokens: [RESPONSES[row[0]] for row in ids],
                                 eos_token_id=2, pad_token_id=2)
     monkeypatch.setattr(cli, "load_policy", lambda model_cfg: (tokenizer, None))
-    monkeypatch.setattr(cli, "get_engine", lambda name: engine)
+    monkeypatch.setattr(cli, "build_engine", lambda rollout_cfg, model, tokenizer: engine)
     monkeypatch.setattr(cli, "capped_prompt_ids", lambda problem, tok, data: [1])
     cli_metrics, cli_records = run_evaluation(
         build_eval_run(compose_tree("evaluate", ["model_path=a/b", f"output_dir={tmp_path}", *BENCHMARK])))
@@ -114,7 +117,7 @@ def test_eval_temperature_and_top_p_reach_the_samples_in_both_paths(monkeypatch,
     with RewardScorer(cfg.reward_for(cfg.data)) as training_scorer:  # as train() builds it: arith's settings
         ctx = SimpleNamespace(cfg=cfg, reward=cfg.reward_for(cfg.data), scorer=training_scorer, tokenizer=tokenizer,
                               prompt_ids=lambda ex, data: [1], stop_token_ids=(2,),
-                              generate=lambda ids, params, generator: engine(None, ids, params, 2, generator))
+                              generate=engine.generate)
         train_metrics, train_records = eval_benchmark(ctx, examples, eval_data, step=0)
 
     assert protocol_settings(cli_params) == protocol_settings(engine.params) == [(1, 0.0, 1.0, 8), (2, 0.7, 0.9, 8)]

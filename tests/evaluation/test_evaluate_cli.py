@@ -13,6 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from tokenpo.errors import ConfigError
+# the one config location (tokenpo.CONF_DIR); importing tokenpo.evaluate registers its 'evaluate' config
 from tokenpo.evaluate import CONF_DIR
 from tokenpo.evaluation.cli import build_eval_run, report, run_evaluation
 

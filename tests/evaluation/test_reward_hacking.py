@@ -5,11 +5,10 @@ These go through the real path: the arith config composed by Hydra, its reward s
 worker pool and `evaluate` — only the policy is scripted.
 """
 
-from pathlib import Path
-
 import pytest
 from hydra import compose, initialize_config_dir
 
+from tokenpo import CONF_DIR
 from tokenpo.config import build_config
 from tokenpo.data import load_splits
 from tokenpo.evaluation.config import EvalConfig
@@ -17,11 +16,9 @@ from tokenpo.evaluation.run import evaluate
 from tokenpo.rewards import RewardScorer
 from tokenpo.rollout.engine import Responses
 
-CONF = str(Path(__file__).resolve().parents[2] / "conf")
-
 
 def arith_config(*overrides):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return build_config(compose("train", overrides=["model=tiny", *overrides]))
 
 

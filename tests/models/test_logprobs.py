@@ -40,8 +40,9 @@ def padded_batch():
     return prompt_ids, prompt_mask, response_ids, response_mask
 
 
-def reference(model, temperature=1.0):
-    """Each (prompt, response) text alone, unpadded, through the full model: log_softmax + gather, -sum p log p."""
+def reference(model, temperature=1.0, entropy_grad=False):
+    """Each (prompt, response) text alone, unpadded, through the full model: log_softmax + gather, -sum p log p
+    (detached unless `entropy_grad`)."""
     length = max(map(len, RESPONSES))
     logp = torch.zeros(len(RESPONSES), length)
     entropy = torch.zeros(len(RESPONSES), length)
@@ -54,7 +55,8 @@ def reference(model, temperature=1.0):
         step_logits = logits[len(prompt) - 1 : len(prompt) - 1 + len(response)]
         log_probs = torch.log_softmax(step_logits, -1)
         logp[row, : len(response)] = log_probs.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
-        entropy[row, : len(response)] = -(log_probs.exp() * log_probs).sum(-1).detach()
+        row_entropy = -(log_probs.exp() * log_probs).sum(-1)
+        entropy[row, : len(response)] = row_entropy if entropy_grad else row_entropy.detach()
     return logp, entropy
 
 
@@ -95,6 +97,24 @@ def test_gradients_match_full_forward(model, recompute_head, chunk_tokens):
     for name in want:
         torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4, msg=name)
     assert any(g.abs().sum() > 0 for g in got.values())
+
+
+@pytest.mark.parametrize("recompute_head", [False, True])
+@pytest.mark.parametrize("chunk_tokens", [1, 7, 1024])
+def test_entropy_gradient_matches_autograd_through_the_full_softmax(model, recompute_head, chunk_tokens):
+    """entropy_grad: the entropy's parameter gradients equal autograd through each whole text's full softmax
+    over the 89-token vocabulary, -sum p log p, on the plain and the recomputed head."""
+    want_entropy = reference(model, entropy_grad=True)[1]
+    want = parameter_grads(model, want_entropy)
+    logp, entropy = ours(model, chunk_tokens=chunk_tokens, recompute_head=recompute_head, entropy_grad=True)
+    torch.testing.assert_close(entropy.detach(), want_entropy.detach(), atol=1e-5, rtol=0)
+    got = parameter_grads(model, entropy)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4, msg=name)
+    # the tied embedding (head) and the first layer (through the shared prompt pass) both get a gradient
+    first_layer = "model.layers.0.self_attn.q_proj.weight"
+    assert got["model.embed_tokens.weight"].abs().sum() > 0 and got[first_layer].abs().sum() > 0
+    assert logp.requires_grad
 
 
 def test_recompute_head_gives_the_same_values_and_entropy(model):

@@ -6,10 +6,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tokenpo import CONF_DIR
 from tokenpo.errors import ConfigError
 from tokenpo.rewards import RewardConfig, resolve, reward_config_from_dict
 
-YAML_PATH = Path(__file__).resolve().parents[2] / "conf" / "reward" / "default.yaml"
+YAML_PATH = Path(CONF_DIR) / "reward" / "default.yaml"
 
 
 def test_yaml_mirrors_the_dataclass_with_a_comment_above_every_field():

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from tokenpo.models.config import ModelConfig, TinyConfig
 from tokenpo.models.loading import build_tiny_model
-from tokenpo.rollout import SamplingParams, get_engine
+from tokenpo.rollout import SamplingParams, build_engine
+from tokenpo.rollout.config import RolloutConfig
 
 VOCAB = 97
 PAD = 0
@@ -46,7 +49,8 @@ def hf_greedy(model, prompts, max_new, stop):
 
 
 def run(model, prompts, params, seed=0):
-    return get_engine("hf")(model, prompts, params, PAD, torch.Generator().manual_seed(seed))
+    engine = build_engine(RolloutConfig(engine="hf"), model, SimpleNamespace(pad_token_id=PAD))
+    return engine.generate(prompts, params, torch.Generator().manual_seed(seed))
 
 
 def greedy(num_samples, share_prefill, stop=(EOS,), max_new=MAX_NEW):

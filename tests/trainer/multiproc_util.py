@@ -15,9 +15,9 @@ import torch.distributed
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from tokenpo import CONF_DIR
 from tokenpo.config import build_config
 from tokenpo.deepspeed.dist import free_port
-from tokenpo.train import CONF_DIR
 from tokenpo.trainer.launch import supervise, worker_env
 
 REPO = Path(__file__).resolve().parents[2]

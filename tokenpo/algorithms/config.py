@@ -7,6 +7,7 @@ functions of this package from these values and never looks at `name`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -106,6 +107,8 @@ class LossConfig:
     kl_mask_entropy_ref: str = "old_token"
     kl_mask_target: str = "old"
     kl_mask_coef: float = 0.0
+    entropy_coef: float = 0.0
+    tis_cap: float | None = None
 
     def validate(self, path: str) -> None:
         _require(0 <= self.clip_low < 1, f"{path}.clip_low", "in [0, 1)", self.clip_low)
@@ -119,6 +122,10 @@ class LossConfig:
         _require_choice(self.kl_mask_entropy_ref, ENTROPY_REFERENCES.names(), f"{path}.kl_mask_entropy_ref")
         _require_choice(self.kl_mask_target, KL_TARGETS, f"{path}.kl_mask_target")
         _require(self.kl_mask_coef >= 0, f"{path}.kl_mask_coef", ">= 0", self.kl_mask_coef)
+        # negative is allowed: entropy minimisation is an objective of its own
+        _require(math.isfinite(self.entropy_coef), f"{path}.entropy_coef", "a finite number", self.entropy_coef)
+        if self.tis_cap is not None:
+            _require(self.tis_cap > 0, f"{path}.tis_cap", "null or > 0", self.tis_cap)
 
 
 @dataclass
@@ -175,3 +182,9 @@ def needs_entropy(cfg: AlgorithmConfig) -> bool:
     return bool(ADVANTAGES.trait(cfg.advantage.estimator, "needs_entropy")) or (
         cfg.loss.kl_mask_coef > 0 and bool(KL_MASKS.trait(cfg.loss.kl_mask, "needs_entropy"))
     )
+
+
+def needs_entropy_grad(cfg: AlgorithmConfig) -> bool:
+    """Whether the loss differentiates the current policy's entropy (an entropy bonus), i.e. whether the
+    update pass must keep the entropy's graph; without it the entropy is computed detached, at no extra cost."""
+    return cfg.loss.entropy_coef != 0

@@ -89,8 +89,8 @@ def kl_mask_entropy_reference(
 ) -> torch.Tensor:
     """[B, T] entropy the KL mask compares H_θ against, per `cfg.loss.kl_mask_entropy_ref`.
 
-    Call it once on the whole step batch (group and batch means must not see only one
-    micro-batch) and pass the slices to `policy_loss(..., old_entropy=...)`.
+    Called once on the whole step batch by `prepare_step` (group and batch means must not see only
+    one micro-batch); its slices reach `policy_loss(..., entropy_reference=...)`.
     """
     reference = ENTROPY_REFERENCES.get(cfg.loss.kl_mask_entropy_ref)
     return reference(old_entropy.detach(), mask, dense_group_index(group_ids))

@@ -1,4 +1,4 @@
-"""Policy loss: clipped surrogate on the configured ratio, optional KL and TEPO masked KL,
+"""Policy loss: clipped surrogate on the configured ratio, optional KL, TEPO masked KL and entropy bonus,
 aggregated by the configured mode."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from tokenpo.algorithms.aggregation import LossNorm, aggregate
 from tokenpo.algorithms.kl import KL_MASKS, kl_penalty
 from tokenpo.algorithms.masked import masked_mean
 from tokenpo.algorithms.ratios import importance_ratio
+from tokenpo.algorithms.rollout_correction import sampler_mismatch, truncated_importance_weight
 
 if TYPE_CHECKING:
     from tokenpo.algorithms.config import AlgorithmConfig
@@ -64,6 +65,12 @@ def _kl_anchor(target: str, old_logp: torch.Tensor, ref_logp: torch.Tensor | Non
     return ref_logp
 
 
+def entropy_bonus(entropy: torch.Tensor, coef: float) -> torch.Tensor:
+    """[B, T] −c2 · S[π_θ] per token: the entropy bonus of the PPO objective L^{CLIP+VF+S} (arXiv 1707.06347
+    Eq. 9), as a loss (verl's entropy_coeff, cleanrl's ent_coef); c2 > 0 rewards exploration."""
+    return -coef * entropy
+
+
 def policy_loss(
     cfg: AlgorithmConfig,
     logp: torch.Tensor,
@@ -74,13 +81,17 @@ def policy_loss(
     *,
     ref_logp: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
-    old_entropy: torch.Tensor | None = None,
+    entropy_reference: torch.Tensor | None = None,
+    sampler_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Scalar loss of one micro-batch (its share of the step; sum over micro-batches) and metrics.
 
     logp: [B, T] current log-probs of the sampled tokens (with grad); old_logp, ref_logp: [B, T]
-    of the rollout and reference policies; advantages: [B, T]; entropy: [B, T] current entropy
-    and old_entropy: [B, T] from `kl_mask_entropy_reference`, both needed only by a KL mask.
+    of the rollout and reference policies; advantages: [B, T]; entropy: [B, T] current entropy,
+    needed by a KL mask and by the entropy bonus (`loss.entropy_coef`, which needs it with grad);
+    entropy_reference: [B, T] from `kl_mask_entropy_reference`, needed only by a KL mask.
+    sampler_logp: [B, T] the rollout engine's log-probs of the sampled tokens, where it returns them: the
+    sampler/trainer mismatch is logged, and `loss.tis_cap` weights the policy-gradient term by TIS.
     Metrics are this micro-batch's own means (average them over micro-batches).
     """
     loss_cfg = cfg.loss
@@ -92,15 +103,22 @@ def policy_loss(
     if ref_logp is not None:
         ref_logp = ref_logp.detach()
         metrics["kl/ref"] = masked_mean(kl_penalty(logp.detach(), ref_logp, "k3"), mask)
+    if sampler_logp is not None:
+        metrics.update(sampler_mismatch(old_logp, sampler_logp, mask))
+        if loss_cfg.tis_cap is not None:
+            tis = truncated_importance_weight(old_logp, sampler_logp, loss_cfg.tis_cap)
+            pg_tok = pg_tok * tis
+            metrics["tis/weight_mean"] = masked_mean(tis, mask)
+            metrics["tis/capped_frac"] = masked_mean((tis >= loss_cfg.tis_cap).to(mask.dtype), mask)
 
     kl_tok = torch.zeros_like(pg_tok)
     if loss_cfg.kl_coef:
         anchor = _kl_anchor(loss_cfg.kl_target, old_logp, ref_logp, "algorithm.loss.kl_target")
         kl_tok = kl_tok + loss_cfg.kl_coef * kl_penalty(logp, anchor, loss_cfg.kl_estimator)
     if loss_cfg.kl_mask_coef:
-        if KL_MASKS.trait(loss_cfg.kl_mask, "needs_entropy") and (entropy is None or old_entropy is None):
-            raise ValueError(f"KL mask {loss_cfg.kl_mask!r} needs entropy and old_entropy; got None")
-        kl_mask = KL_MASKS.get(loss_cfg.kl_mask)(advantages, entropy, old_entropy, mask)
+        if KL_MASKS.trait(loss_cfg.kl_mask, "needs_entropy") and (entropy is None or entropy_reference is None):
+            raise ValueError(f"KL mask {loss_cfg.kl_mask!r} needs entropy and entropy_reference; got None")
+        kl_mask = KL_MASKS.get(loss_cfg.kl_mask)(advantages, entropy, entropy_reference, mask)
         anchor = _kl_anchor(loss_cfg.kl_mask_target, old_logp, ref_logp, "algorithm.loss.kl_mask_target")
         kl_tok = kl_tok + loss_cfg.kl_mask_coef * kl_mask * kl_penalty(logp, anchor, loss_cfg.kl_estimator)
         metrics["tepo/mask_frac"] = masked_mean(kl_mask, mask)
@@ -109,5 +127,13 @@ def policy_loss(
     local_norm = LossNorm.from_mask(mask, norm.max_len)
     metrics["loss/pg"] = aggregate(pg_tok.detach(), mask, cfg.aggregation, local_norm)
     metrics["loss/kl"] = aggregate(kl_tok.detach(), mask, cfg.aggregation, local_norm)
+    if loss_cfg.entropy_coef:
+        if entropy is None or not entropy.requires_grad:
+            raise ValueError("algorithm.loss.entropy_coef needs the current entropy with its gradient; got "
+                             f"{'None' if entropy is None else 'a detached tensor'}")
+        # a separate aggregate: with the coefficient at 0 the loss is the same sum as without the option
+        bonus_tok = entropy_bonus(entropy, loss_cfg.entropy_coef)
+        loss = loss + aggregate(bonus_tok, mask, cfg.aggregation, norm)
+        metrics["loss/entropy"] = aggregate(bonus_tok.detach(), mask, cfg.aggregation, local_norm)
     values = torch.stack([value.detach().float() for value in metrics.values()]).tolist()  # one transfer
     return loss, dict(zip(metrics, values))

@@ -3,6 +3,7 @@
     python -m tokenpo.bench                                   # tokenpo, SmolLM2-135M, 8 prompts x 4 x 32 tokens
     python -m tokenpo.bench --vs-trl --group-size 8 --max-new-tokens 128 --beta 0
     python -m tokenpo.bench --model tiny --steps 2 --override rollout.share_prefill=false
+    .venv-vllm/bin/python -m tokenpo.bench --engine vllm --group-size 8 --max-new-tokens 128 --beta 0
 
 Each framework runs in its own subprocess (tokenpo, TRL, tokenpo, TRL, ... for --rounds), so peak memory is
 per framework; the first step of every run is warm-up and is not counted.
@@ -39,6 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=d.steps, help="steps per run, the first one is warm-up")
     p.add_argument("--threads", type=int, default=d.threads, help="torch intra-op threads per process")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--engine", default=d.engine, help="tokenpo's rollout engine: hf or vllm (scripts/setup_vllm.sh)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="extra tokenpo Hydra override (repeatable), e.g. rollout.share_prefill=false")
     p.add_argument("--vs-trl", action="store_true", help="also run TRL's GRPOTrainer at the same settings")
@@ -98,7 +100,8 @@ def benchmark(settings: BenchSettings, vs_trl: bool, rounds: int) -> dict:
 
 
 def default_out(s: BenchSettings, vs_trl: bool) -> Path:
-    name = f"{s.model}_{s.prompts}x{s.group_size}x{s.max_new_tokens}_beta{s.beta:g}{'_vs_trl' if vs_trl else ''}"
+    name = (f"{s.model}_{s.engine}_{s.prompts}x{s.group_size}x{s.max_new_tokens}_beta{s.beta:g}"
+            f"{'_vs_trl' if vs_trl else ''}")
     return Path("outputs") / "bench" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{name}.json"
 
 
@@ -114,6 +117,10 @@ def table(report: dict) -> str:
     lines.append("peak RSS (MB)".ljust(20) + "".join(f"{report[f]['peak_rss_mb']:10.0f}" for f in frameworks))
     lines.append("completion tok/s".ljust(20) + "".join(f"{report[f]['completion_tokens_per_s']:10.1f}"
                                                        for f in frameworks))
+    lines.append("generation tok/s".ljust(20) + "".join(f"{report[f]['generation_tokens_per_s'] or 0:10.1f}"
+                                                       for f in frameworks))
+    lines.append("weight sync % step".ljust(20) + "".join(f"{100 * report[f]['weight_sync_frac']:10.1f}"
+                                                         for f in frameworks))
     if "tokenpo_over_trl" in report:
         lines.append(f"tokenpo / TRL median step: {report['tokenpo_over_trl']:.3f}")
     return "\n".join(lines)
@@ -124,7 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = BenchSettings(model=args.model, prompts=args.prompts, group_size=args.group_size,
                              max_new_tokens=args.max_new_tokens, beta=args.beta, lr=args.lr,
                              micro_batch_size=args.micro_batch_size, steps=args.steps,
-                             threads=args.threads, seed=args.seed, overrides=tuple(args.override))
+                             threads=args.threads, seed=args.seed, engine=args.engine,
+                             overrides=tuple(args.override))
     try:
         report = benchmark(settings, args.vs_trl, args.rounds)
     except (ConfigError, RuntimeError) as err:

@@ -18,7 +18,8 @@ from tokenpo.bench.stats import model_shape
 
 # metrics.jsonl key -> bench phase; a pass the run did not need (no reference at beta = 0) took 0 s
 METRIC_PHASES = {"generate": "timing/generate_s", "reward": "timing/reward_s", "reference": "timing/reference_s",
-                 "old_logprob": "timing/old_logprob_s", "update": "timing/update_s"}
+                 "old_logprob": "timing/old_logprob_s", "update": "timing/update_s",
+                 "weight_sync": "timing/weight_sync_s"}
 
 
 def timed(fn, totals: dict, key: str):

@@ -116,7 +116,7 @@ def instrument(trainer, steps: list[dict]):
 
         def on_step_end(self, args, state, control, **kwargs):
             step = {"step_s": time.perf_counter() - marks["step"], "step_cpu_s": time.process_time() - marks["cpu"]}
-            for key in ("generate", "reward", "reference", "old_logprob", "backward", "optimizer",
+            for key in ("generate", "reward", "reference", "old_logprob", "backward", "optimizer", "weight_sync",
                         "completion_tokens", "prompt_tokens"):
                 step[key] = totals.get(key, 0.0)
             # same definitions as tokenpo: update = the rest of the step; policy_forward = update - backward - optimizer

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from tokenpo.errors import ConfigError
 
 MODELS = ("smollm2_135m", "tiny")
+ENGINES = ("hf", "vllm")
 
 
 @dataclass(frozen=True)
@@ -24,12 +25,16 @@ class BenchSettings:
     steps: int = 4
     threads: int = 2
     seed: int = 0
+    # tokenpo's rollout engine (rollout=<engine>); vllm needs the environment of scripts/setup_vllm.sh
+    engine: str = "hf"
     # extra tokenpo Hydra overrides (key=value), e.g. rollout.share_prefill=false; TRL ignores them
     overrides: tuple[str, ...] = field(default_factory=tuple)
 
     def validate(self) -> None:
         if self.model not in MODELS:
             raise ConfigError(f"bench --model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"bench --engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         for key in ("prompts", "max_new_tokens", "threads"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"bench --{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
@@ -67,6 +72,7 @@ def hydra_overrides(s: BenchSettings) -> list[str]:
     """The training run a bench step is: GRPO at the given shape, no W&B, no held-out evaluation."""
     return [
         f"model={s.model}",
+        f"rollout={s.engine}",
         f"seed={s.seed}",
         f"data.prompts_per_step={s.prompts}",
         # no eval split -> the trainer evaluates nothing before, during or after training
@@ -90,12 +96,12 @@ def hydra_overrides(s: BenchSettings) -> list[str]:
 
 
 def compose_tree(s: BenchSettings):
-    """The Hydra tree `python -m tokenpo.train <overrides>` would build, from the repo's conf/."""
+    """The Hydra tree `python -m tokenpo.train <overrides>` would build, from tokenpo's config tree."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from tokenpo.train import CONF_DIR
+    from tokenpo import CONF_DIR
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3", job_name="tokenpo_bench"):
         try:

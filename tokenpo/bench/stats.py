@@ -10,8 +10,10 @@ import psutil
 
 # Seconds per step spent in each phase. `update` is everything after the reference pass: policy forward,
 # loss, backward and optimizer step; the last three are split out as `policy_forward` (forward + loss),
-# `backward` and `optimizer` (gradient clipping + AdamW step).
-PHASES = ("generate", "reward", "reference", "old_logprob", "update", "policy_forward", "backward", "optimizer")
+# `backward` and `optimizer` (gradient clipping + AdamW step). `weight_sync`: the rollout engine's copy of the
+# updated weights (0 for the hf engine, which generates with the policy itself, and for TRL without vLLM).
+PHASES = ("generate", "reward", "reference", "old_logprob", "update", "policy_forward", "backward", "optimizer",
+          "weight_sync")
 
 
 def model_shape(model) -> dict:
@@ -89,6 +91,7 @@ def summarise(runs: list[dict], shape: dict, warmup_steps: int = 1) -> dict:
     tokens = sum(s["completion_tokens"] for s in measured)
     fwd = sum(forward_flops(s["prompt_tokens"], s["completion_tokens"], shape) for s in measured)
     update_s = sum(s["update"] for s in measured)
+    generate_s = sum(s["generate"] for s in measured)
     reference_s = sum(s["reference"] for s in measured)
     return {
         "median_step_s": statistics.median(step_s),
@@ -98,6 +101,9 @@ def summarise(runs: list[dict], shape: dict, warmup_steps: int = 1) -> dict:
         "phases_s": {p: statistics.median(s[p] for s in measured) for p in PHASES},
         "completion_tokens_per_s": tokens / sum(step_s),
         "completion_tokens_per_step": tokens / len(measured),
+        # the rollout engine's speed: completion tokens over the generation phase alone
+        "generation_tokens_per_s": tokens / generate_s if generate_s > 0 else None,
+        "weight_sync_frac": sum(s["weight_sync"] for s in measured) / sum(step_s),
         "update_gflops_per_s": 3 * fwd / update_s / 1e9 if update_s > 0 else None,
         "reference_gflops_per_s": fwd / reference_s / 1e9 if reference_s > 0 else None,
         "peak_rss_mb": max(run["peak_rss_mb"]["total"] for run in runs),

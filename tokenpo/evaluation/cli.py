@@ -7,6 +7,7 @@ process; problems, prompts and metrics are those of training-time evaluation (to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -27,7 +28,7 @@ from tokenpo.models.config import ModelConfig
 from tokenpo.models.loading import load_model
 from tokenpo.rewards import RewardConfig, RewardScorer, reward_config_from_dict
 from tokenpo.rewards.config import DATASET_FIELDS
-from tokenpo.rollout import get_engine
+from tokenpo.rollout import build_engine
 from tokenpo.rollout.config import RolloutConfig, rollout_config_from_dict
 from tokenpo.schema import from_dict
 
@@ -134,13 +135,12 @@ def run_evaluation(run: EvalRun) -> tuple[dict, list[dict]]:
     tokenizer, model = load_policy(run.model)
     examples, data_cfg = load_benchmark(run.eval, run.data, run.seed, tokenizer)
     reward = benchmark_reward(run.reward, data_cfg)
-    engine = get_engine(run.rollout.engine)
     log.info("evaluating %s on %s: %d problems", run.model.path or run.model.hub_id, run.eval.name, len(examples))
-    with RewardScorer(reward) as scorer:
+    with RewardScorer(reward) as scorer, contextlib.closing(build_engine(run.rollout, model, tokenizer)) as engine:
         metrics, records = evaluate(
             examples,
             lambda ex: capped_prompt_ids(ex.problem, tokenizer, data_cfg),
-            lambda ids, params, generator: engine(model, ids, params, tokenizer.pad_token_id, generator),
+            engine.generate,
             lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
             scorer,
             run.eval,

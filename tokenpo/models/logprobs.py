@@ -71,6 +71,11 @@ def _chunk_logp(head, hidden, targets, temperature):
     return _head_logp(head, hidden, targets, temperature)[0]
 
 
+def _chunk_logp_entropy(head, hidden, targets, temperature):
+    logp, logits = _head_logp(head, hidden, targets, temperature)
+    return logp, token_entropy(logits)
+
+
 def length_buckets(lengths: list[int], overhead_tokens: int = 32) -> list[list[int]]:
     """Rows (length > 0) split into buckets of similar length; each bucket is padded to its own longest row.
 
@@ -171,13 +176,17 @@ def response_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
     with_entropy: bool = True,
+    entropy_grad: bool = False,
     recompute_head: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [B, T] (differentiable when grad is enabled) and detached entropy [B, T] of responses.
+    """Log-probs [B, T] (differentiable when grad is enabled) and entropy [B, T] of responses.
 
     `response_mask` [B, T] marks real response tokens; other positions get 0.
+    The entropy is detached unless `entropy_grad` (an entropy-regularised loss): then it is differentiable
+    too, through the full softmax of each head chunk; otherwise no graph is kept for it.
     `recompute_head` re-runs each head chunk in the backward pass instead of keeping its logits
-    (about 1/3 more head FLOPs for O(chunk) instead of O(tokens x vocab) memory; for 150k vocabularies).
+    (about 1/3 more head FLOPs for O(chunk) instead of O(tokens x vocab) memory; for 150k vocabularies);
+    with `entropy_grad` the chunk's entropy is recomputed with it, so its gradient stays exact.
     """
     flat_hidden, rows, cols = response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids,
                                                            response_mask, group_size)
@@ -186,7 +195,13 @@ def response_logprobs(
     logp_chunks, entropy_chunks = [], []
     for lo in range(0, flat_hidden.shape[0], chunk_tokens):
         h, y = flat_hidden[lo : lo + chunk_tokens], flat_targets[lo : lo + chunk_tokens]
+        differentiable_entropy = with_entropy and entropy_grad and torch.is_grad_enabled()
         if recompute_head and torch.is_grad_enabled():
+            if differentiable_entropy:
+                logp, entropy = checkpoint(_chunk_logp_entropy, head, h, y, temperature, use_reentrant=False)
+                logp_chunks.append(logp)
+                entropy_chunks.append(entropy)
+                continue
             logp_chunks.append(checkpoint(_chunk_logp, head, h, y, temperature, use_reentrant=False))
             if with_entropy:
                 with torch.no_grad():
@@ -195,7 +210,7 @@ def response_logprobs(
         logp, logits = _head_logp(head, h, y, temperature)
         logp_chunks.append(logp)
         if with_entropy:
-            entropy_chunks.append(token_entropy(logits.detach()))
+            entropy_chunks.append(token_entropy(logits if differentiable_entropy else logits.detach()))
     logp = torch.zeros(response_mask.shape, dtype=torch.float32, device=flat_hidden.device)
     if logp_chunks:
         logp = logp.index_put((rows, cols), torch.cat(logp_chunks))

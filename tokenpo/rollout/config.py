@@ -2,10 +2,41 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokenpo.errors import ConfigError
 from tokenpo.schema import from_dict
+
+VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class VLLMConfig:
+    """The `vllm` engine's settings (read only by it; conf/rollout/vllm.yaml says what each one is)."""
+
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.3
+    kv_cache_gib: float | None = 1.0
+    enforce_eager: bool = True
+    max_model_len: int | None = None
+    seed: int = 0
+    sleep_mode: bool = True
+
+    def validate(self) -> None:
+        if self.dtype not in VLLM_DTYPES:
+            raise ConfigError(f"rollout.vllm.dtype must be one of {', '.join(VLLM_DTYPES)}, got {self.dtype!r}")
+        # colocated, one engine per trainer process: ranks sharing one tensor-parallel engine would have to generate
+        # the same groups, which the trainer's split of the groups over ranks does not do yet
+        if self.tensor_parallel_size != 1:
+            raise ConfigError(f"rollout.vllm.tensor_parallel_size must be 1 (one colocated engine per trainer "
+                              f"process; tensor parallelism is not supported yet), got {self.tensor_parallel_size}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"rollout.vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            raise ConfigError(f"rollout.vllm.kv_cache_gib must be null or > 0, got {self.kv_cache_gib}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"rollout.vllm.max_model_len must be null or >= 1, got {self.max_model_len}")
 
 
 @dataclass
@@ -17,6 +48,7 @@ class RolloutConfig:
     top_p: float = 1.0
     share_prefill: bool = True
     eos_tokens: tuple = ()
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
     def validate(self) -> None:
         from tokenpo.rollout.engine import get_engine
@@ -30,9 +62,19 @@ class RolloutConfig:
             raise ConfigError(f"rollout.temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        self.vllm.validate()
 
 
 def rollout_config_from_dict(d: dict) -> RolloutConfig:
     cfg = from_dict(RolloutConfig, d, "rollout")
     cfg.validate()
     return cfg
+
+
+def require_sampler_logprobs(tis_cap: float | None, rollout: RolloutConfig) -> None:
+    """Truncated importance sampling (algorithm.loss.tis_cap) weighs tokens by the engine's own log-probs."""
+    from tokenpo.rollout.engine import ENGINES
+
+    if tis_cap is not None and not ENGINES.trait(rollout.engine, "logprobs"):
+        raise ConfigError(f"algorithm.loss.tis_cap={tis_cap} needs the rollout engine's log-probs, which "
+                          f"rollout.engine={rollout.engine} does not return: use rollout=vllm, or tis_cap=null")

@@ -1,17 +1,25 @@
-"""The rollout engine interface: prompt token ids in, response token ids (and log-probs where known) out.
+"""The rollout engine interface: an object created once per run that turns prompt token ids into responses.
 
-An engine is a function registered by name; the trainer only calls `get_engine(name)(...)`, so a vLLM or
-SGLang engine for GPUs plugs in here without touching the trainer.
+The trainer calls only this interface (`build_engine`, then `generate`, `sleep`, `sync_weights`, `close`):
+the `hf` engine generates with the live policy module, the `vllm` engine with its own copy of the weights that
+`sync_weights` brings up to date after every policy update. Another engine (SGLang, a remote server) plugs
+in by registering a class with the same constructor and methods.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from tokenpo.errors import ConfigError
 from tokenpo.registry import Registry
+
+if TYPE_CHECKING:
+    from tokenpo.deepspeed.config import DeepSpeedConfig
+    from tokenpo.rollout.config import RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -34,14 +42,38 @@ class Responses:
     logprobs: list[list[float]] | None = None
 
 
-class Engine(Protocol):
-    def __call__(
-        self, model, prompt_ids: list[list[int]], params: SamplingParams, pad_id: int, generator: torch.Generator
-    ) -> Responses: ...
+class RolloutEngine(Protocol):
+    """What the trainer calls; built by `build_engine(cfg, policy, tokenizer, deepspeed_cfg)`."""
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, generator: torch.Generator) -> Responses:
+        """Responses to `prompt_ids`; all randomness is drawn from `generator` (a resumed run samples the same)."""
+
+    def sync_weights(self, policy) -> None:
+        """Bring the engine's weights to the policy's (a DeepSpeed engine or a module), and wake it up."""
+
+    def sleep(self) -> None:
+        """Release the engine's memory for the policy update, where it can."""
+
+    def wake_up(self) -> None:
+        """Take back what `sleep` released (generate wakes a sleeping engine by itself)."""
+
+    def close(self) -> None:
+        """Free the engine for good."""
 
 
 ENGINES = Registry("rollout.engine")
 
 
-def get_engine(name: str) -> Engine:
-    return ENGINES.get(name)
+def get_engine(name: str) -> type:
+    """The engine class registered as `name`; one that needs a package not installed here is a ConfigError."""
+    engine = ENGINES.get(name)
+    package = ENGINES.trait(name, "requires")
+    if package and importlib.util.find_spec(package) is None:
+        raise ConfigError(f"rollout.engine={name} needs the {package!r} package, which this Python does not have: "
+                          f"run with the environment `bash scripts/setup_vllm.sh` prints (docs/rollout.md)")
+    return engine
+
+
+def build_engine(cfg: RolloutConfig, policy, tokenizer, deepspeed: DeepSpeedConfig | None = None) -> RolloutEngine:
+    """The run's engine for `policy` (a DeepSpeed engine, or a plain module for evaluation)."""
+    return get_engine(cfg.engine)(cfg, policy, tokenizer, deepspeed)

@@ -4,6 +4,7 @@ The G samples of a prompt share its prefill: the prompt batch runs once and its 
 G times, then a plain sampling loop decodes until every row has stopped (or `max_new_tokens`).
 A row that stops leaves the batch (its KV cache rows are dropped), so the decode steps after it only pay
 for the rows still running: most math answers stop well before the length cap.
+The `hf` engine generates with the live policy module, so it has no weights to sync and no memory to release.
 """
 
 from __future__ import annotations
@@ -43,22 +44,49 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
 
 
 @ENGINES.register("hf")
+class HFEngine:
+    """The policy's own modules (under ZeRO-3 gathered once per generate call)."""
+
+    def __init__(self, cfg, policy, tokenizer, deepspeed=None) -> None:
+        self.policy, self.pad_id, self.deepspeed = policy, tokenizer.pad_token_id, deepspeed
+
+    def generate(self, prompt_ids, params: SamplingParams, generator: torch.Generator) -> Responses:
+        if self.deepspeed is None:  # a plain module (evaluation)
+            return generate_hf(self.policy, prompt_ids, params, self.pad_id, generator)
+        from tokenpo.deepspeed.engine import gathered_for_generation
+
+        with gathered_for_generation(self.policy, self.deepspeed):
+            return generate_hf(self.policy.module, prompt_ids, params, self.pad_id, generator)
+
+    def sync_weights(self, policy) -> None:
+        """Nothing to do: generate reads the live policy."""
+
+    def sleep(self) -> None:
+        """Nothing to release."""
+
+    def wake_up(self) -> None:
+        """Nothing to take back."""
+
+    def close(self) -> None:
+        """Nothing to free."""
+
+
 @torch.no_grad()
 def generate_hf(model, prompt_ids, params: SamplingParams, pad_id: int, generator: torch.Generator) -> Responses:
     device = next(model.parameters()).device
     ids, mask = left_pad(prompt_ids, pad_id)
     ids, mask = ids.to(device), mask.to(device)
-    groups = params.num_samples
+    samples_per_prompt = params.num_samples  # G
     if not params.share_prefill:
-        ids, mask = ids.repeat_interleave(groups, 0), mask.repeat_interleave(groups, 0)
+        ids, mask = ids.repeat_interleave(samples_per_prompt, 0), mask.repeat_interleave(samples_per_prompt, 0)
     cache = DynamicCache()
     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
                 **kv_cache(model, cache), use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1]
-    if params.share_prefill and groups > 1:
-        cache.batch_repeat_interleave(groups)
-        logits = logits.repeat_interleave(groups, 0)
-        mask = mask.repeat_interleave(groups, 0)
+    if params.share_prefill and samples_per_prompt > 1:
+        cache.batch_repeat_interleave(samples_per_prompt)
+        logits = logits.repeat_interleave(samples_per_prompt, 0)
+        mask = mask.repeat_interleave(samples_per_prompt, 0)
     rows = logits.shape[0]
     stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=device)
     tokens = torch.full((rows, params.max_new_tokens), pad_id, dtype=torch.long, device=device)

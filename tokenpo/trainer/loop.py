@@ -7,8 +7,6 @@ import json
 import logging
 import signal
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -17,89 +15,21 @@ from tokenpo import algorithms as alg
 from tokenpo.config import TrainConfig, benchmark_reward
 from tokenpo.data import DataConfig, Example, PromptSampler, describe_template, load_splits
 from tokenpo.deepspeed import dist
-from tokenpo.deepspeed.engine import build_policy_engine, build_reference, gathered_for_generation
+from tokenpo.deepspeed.engine import build_policy_engine, build_reference
 from tokenpo.deepspeed.export import export_hf
-from tokenpo.data.prompts import capped_prompt_ids
-from tokenpo.evaluation.benchmark import load_benchmark, stop_token_ids
+from tokenpo.evaluation.benchmark import load_benchmark
 from tokenpo.evaluation.run import evaluate, sample_lines
 from tokenpo.logger.run_logger import RunLogger
 from tokenpo.models.loading import load_model
 from tokenpo.rewards import RewardScorer
-from tokenpo.rollout.engine import SamplingParams, get_engine
+from tokenpo.rollout.engine import build_engine
 from tokenpo.trainer import checkpoint
+from tokenpo.trainer.context import RunContext, Timings
 from tokenpo.trainer.optim import build_optimizer, set_step_lr
 from tokenpo.trainer.rollouts import collect_rollouts, dynamic_sampling_metrics
 from tokenpo.trainer.update import train_on_rollouts
 
 log = logging.getLogger("tokenpo")
-
-
-class Timings:
-    """Seconds spent per phase in the current step: `with timings("generate"): ...`."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-
-    @contextlib.contextmanager
-    def __call__(self, phase: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[phase] += time.perf_counter() - start
-
-
-@dataclass
-class RunContext:
-    """Everything a step needs; built once per run."""
-
-    cfg: TrainConfig
-    run_dir: Path
-    tokenizer: object
-    policy: object  # the DeepSpeed engine
-    reference: object | None
-    scorer: RewardScorer
-    sampler: PromptSampler
-    device: torch.device
-    timings: Timings = field(default_factory=Timings)
-    _prompt_cache: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.engine = get_engine(self.cfg.rollout.engine)
-        self.reward = self.cfg.reward_for(self.cfg.data)
-        self.stop_token_ids = stop_token_ids(self.tokenizer, self.cfg.rollout.eos_tokens)
-
-    def prompt_ids(self, example: Example, data: DataConfig | None = None) -> list[int]:
-        """The prompt under the template and prompt cap of `data` (default: the training data config)."""
-        data = data or self.cfg.data
-        key = (example.uid, example.problem, id(data))
-        if key not in self._prompt_cache:
-            self._prompt_cache[key] = capped_prompt_ids(example.problem, self.tokenizer, data)
-        return self._prompt_cache[key]
-
-    def generation_model(self):
-        return self.policy.module
-
-    def generation_context(self):
-        return gathered_for_generation(self.policy, self.cfg.deepspeed)
-
-    def sampling_params(self) -> SamplingParams:
-        r = self.cfg.rollout
-        return SamplingParams(r.group_size, r.max_new_tokens, r.temperature, r.top_p, self.stop_token_ids,
-                              r.share_prefill)
-
-    def rollout_generator(self, step: int, round_index: int) -> torch.Generator:
-        """Sampling randomness depends only on (seed, step, round, rank): a resumed run samples the same."""
-        seed = ((self.cfg.seed * 100_003 + step) * 101 + round_index) * 1009 + dist.rank()
-        return torch.Generator(device=self.device).manual_seed(seed)
-
-    def logprob_temperature(self) -> float:
-        """Log-probs and entropy are taken under the sampling temperature (greedy rollouts: 1)."""
-        return self.cfg.rollout.temperature or 1.0
-
-    def generate(self, prompt_ids, params, generator):
-        with self.generation_context():
-            return self.engine(self.generation_model(), prompt_ids, params, self.tokenizer.pad_token_id, generator)
 
 
 def eval_benchmark(ctx: RunContext, eval_examples: list[Example], data_cfg: DataConfig, step: int):
@@ -161,8 +91,10 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
     eval_examples, eval_data = load_benchmark(cfg.eval, cfg.data, cfg.seed, tokenizer, train_eval)
     sampler = PromptSampler(train_examples, cfg.data.prompts_per_step, cfg.seed)
     stop = StopRequest()
-    with RewardScorer(cfg.reward_for(cfg.data)) as scorer:
-        ctx = RunContext(cfg, run_dir, tokenizer, policy, reference, scorer, sampler, device)
+    with RewardScorer(cfg.reward_for(cfg.data)) as scorer, \
+            contextlib.closing(build_engine(cfg.rollout, policy, tokenizer, cfg.deepspeed)) as rollout_engine:
+        ctx = RunContext.create(cfg, run_dir, tokenizer, policy, reference, scorer, sampler, device,
+                                rollout_engine=rollout_engine)
         start_step, wandb_id, history = 0, None, {}
         resume_dir = checkpoint.find_resume_dir(cfg.trainer.resume, run_dir)
         checkpoint.set_aside_stale(run_dir / "checkpoints", resume_dir)
@@ -171,6 +103,7 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             start_step, wandb_id, history = state["step"], state.get("wandb_id"), state.get("history", {})
             sampler.load_state_dict(state["sampler"])
             log.info("resumed from %s at step %d", resume_dir, start_step)
+            rollout_engine.sync_weights(policy)
         # steps after the checkpoint (or a whole earlier attempt) are logged again below
         checkpoint.trim_metrics(run_dir / "metrics.jsonl", start_step if resume_dir is not None else -1)
         logger = RunLogger(cfg.logger, run_dir, enabled=dist.is_main(), run_name=run_name, group=group,
@@ -193,8 +126,11 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             rollouts = collect_rollouts(ctx, step)
             # every update of this step at lr(step): the schedule counts rollout steps, not mini-batch updates
             lr = set_step_lr(optimizer, step, cfg.trainer)
+            rollout_engine.sleep()  # the update gets the memory the engine can release
             # dynamic sampling's keep_partial may leave no group that splits over the ranks: no update this step
             metrics = train_on_rollouts(ctx, rollouts, ctx.timings) if rollouts.examples else {"lr": lr}
+            with ctx.timings("weight_sync"):
+                rollout_engine.sync_weights(policy)
             metrics.update(dynamic_sampling_metrics(rollouts))
             step_s = time.perf_counter() - step_start
             completion_tokens = sum(len(r) for r in rollouts.response_ids)

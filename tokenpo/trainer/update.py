@@ -1,8 +1,10 @@
 """Turn a step's rollouts into advantages and apply the clipped policy update(s) on this rank's share.
 
-The global batch is identical on every rank, so group statistics and loss normalisers are computed on
-the whole batch; each rank then back-propagates only its own groups, and every loss term is
-(local sum) / (global count), times world size because DeepSpeed averages gradients over ranks.
+The global batch is identical on every rank, so `alg.prepare_step` computes group statistics and loss
+normalisers on the whole batch; each rank then back-propagates only its own groups through
+`alg.micro_batch_loss`, and every loss term is (local sum) / (global count), times world size because
+DeepSpeed averages gradients over ranks. Nothing here depends on the algorithm: it fills an `alg.StepBatch`
+and computes what the registry traits ask for (old entropy, reference log-probs, entropy with grad).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def rows_of(groups: list[int], group_size: int) -> list[int]:
 
 
 def group_forward(ctx, model, rollouts: StepRollouts, groups: list[int], *, with_entropy: bool,
-                  recompute_head: bool = False):
+                  entropy_grad: bool = False, recompute_head: bool = False):
     """Rows, padded tokens, log-probs [b, T] and entropy of the given groups in one pass."""
     g = rollouts.group_size
     rows = rows_of(groups, g)
@@ -60,7 +62,7 @@ def group_forward(ctx, model, rollouts: StepRollouts, groups: list[int], *, with
     logp, entropy = forward_in_engine(
         model, response_logprobs, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids, tokens.response_mask,
         group_size=g, temperature=ctx.logprob_temperature(), chunk_tokens=ctx.cfg.trainer.logit_chunk_tokens,
-        with_entropy=with_entropy, recompute_head=recompute_head)
+        with_entropy=with_entropy, entropy_grad=entropy_grad, recompute_head=recompute_head)
     return rows, tokens, logp, entropy
 
 
@@ -77,23 +79,30 @@ def forward_groups(ctx, model, rollouts: StepRollouts, groups: list[int], longes
     return logps, entropies
 
 
-def step_tensors(rollouts: StepRollouts, max_new_tokens: int, algorithm_cfg):
-    """Global [N] / [N, T] tensors: rewards, correctness, group ids, masks, lengths."""
-    g = rollouts.group_size
-    n = len(rollouts.response_ids)
+def step_batch(ctx, rollouts: StepRollouts, old_entropy: torch.Tensor | None) -> alg.StepBatch:
+    """The algorithm's view of the step's global batch; `old_entropy` [N, T] when it was computed."""
     lengths = torch.tensor([len(r) for r in rollouts.response_ids], dtype=torch.long)
-    width = max(1, int(lengths.max()))
-    mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
-    correct = torch.tensor([v == CORRECT for v in rollouts.verdicts])
-    valid = torch.tensor([v != GOLD_INVALID for v in rollouts.verdicts])
-    truncated = torch.tensor(rollouts.truncated)
-    group_ids = torch.arange(n) // g
-    rewards, keep, shaping_metrics = alg.shape_rewards(algorithm_cfg, correct, lengths, truncated, group_ids,
-                                                       max_new_tokens)
-    # a group whose gold answer does not parse is dropped from the loss (and counted by the reward metrics)
-    loss_mask = mask * (keep & valid).float()[:, None]
-    return dict(lengths=lengths, mask=mask, loss_mask=loss_mask, correct=correct, valid=valid,
-                truncated=truncated, group_ids=group_ids, rewards=rewards), shaping_metrics
+    return alg.StepBatch(
+        correct=torch.tensor([v == CORRECT for v in rollouts.verdicts]),
+        valid=torch.tensor([v != GOLD_INVALID for v in rollouts.verdicts]),
+        truncated=torch.tensor(rollouts.truncated),
+        in_format=format_rewards(rollouts, ctx.reward),
+        lengths=lengths,
+        group_ids=torch.arange(len(lengths)) // rollouts.group_size,
+        mask=alg.response_mask(lengths),
+        max_new_tokens=ctx.cfg.rollout.max_new_tokens,
+        mini_batches=ctx.cfg.trainer.mini_batches,
+        format_weight=ctx.reward.format_weight,
+        old_entropy=old_entropy,
+    )
+
+
+def gather_rows(local_rows: dict[int, torch.Tensor], num_rows: int, width: int) -> torch.Tensor:
+    """[num_rows, width] from every rank's per-row 1-D tensors, right-padded with zeros."""
+    gathered = {}
+    for part in dist.all_gather_objects(local_rows):
+        gathered.update(part)
+    return pad_to([gathered[i] for i in range(num_rows)], width)
 
 
 def format_rewards(rollouts: StepRollouts, reward) -> torch.Tensor:
@@ -108,14 +117,9 @@ def train_on_rollouts(ctx, rollouts: StepRollouts, timings) -> dict[str, float]:
     cfg = ctx.cfg
     acfg = cfg.algorithm
     g = rollouts.group_size
-    t, metrics = step_tensors(rollouts, cfg.rollout.max_new_tokens, acfg)
-    in_format = format_rewards(rollouts, ctx.reward)
-    metrics["reward/asked_format_frac"] = float(in_format.mean())
-    if ctx.reward.format_weight:
-        t["rewards"] = t["rewards"] + ctx.reward.format_weight * in_format
-    n, width = t["mask"].shape
     num_groups = len(rollouts.examples)
-    longest = t["lengths"].view(num_groups, g).max(1).values.tolist()
+    lengths = [len(r) for r in rollouts.response_ids]
+    longest = [max(lengths[i * g : (i + 1) * g]) for i in range(num_groups)]
     mine = local_groups(num_groups)
     policy = ctx.policy.module
     old_logp = old_entropy = ref_logp = None
@@ -126,70 +130,62 @@ def train_on_rollouts(ctx, rollouts: StepRollouts, timings) -> dict[str, float]:
         if ctx.reference is not None:
             with timings("reference"):
                 ref_logp, _ = forward_groups(ctx, ctx.reference, rollouts, mine, longest, with_entropy=False)
-    entropy_global = entropy_ref = None
-    if old_entropy is not None:
-        gathered = {}
-        for part in dist.all_gather_objects(old_entropy):
-            gathered.update(part)
-        entropy_global = pad_to([gathered[i] for i in range(n)], width)
-        # the TEPO mask's entropy reference is taken over the whole step batch, whatever the split
-        entropy_ref = alg.kl_mask_entropy_reference(acfg, entropy_global, t["mask"], t["group_ids"])
-    advantages = alg.token_advantages(acfg, t["rewards"], t["correct"], t["group_ids"], t["mask"], entropy_global)
+    width = max(1, max(lengths))  # of the step's [N, T] tensors
+    batch = step_batch(ctx, rollouts, None if old_entropy is None else gather_rows(old_entropy, len(lengths), width))
+    step = alg.prepare_step(acfg, batch)
+    metrics = dict(step.metrics)
 
     means = WeightedMeans()
     groups_per_mini = num_groups // cfg.trainer.mini_batches
     loss_total = 0.0
     with timings("update"):
-        for lo in range(0, num_groups, groups_per_mini):
+        for mini_batch, lo in enumerate(range(0, num_groups, groups_per_mini)):
             mini = range(lo, lo + groups_per_mini)
-            mini_mask = t["loss_mask"][rows_of(list(mini), g)]
-            norm = alg.LossNorm(num_tokens=float(mini_mask.sum()), num_seqs=float((mini_mask.sum(1) > 0).sum()),
-                                max_len=cfg.rollout.max_new_tokens)
             for chunk in group_micro_batches([i for i in mine if i in mini], longest, cfg.trainer.micro_batch_size, g):
                 rows, tokens, logp, entropy = group_forward(ctx, ctx.policy, rollouts, chunk, with_entropy=True,
+                                                            entropy_grad=alg.needs_entropy_grad(acfg),
                                                             recompute_head=cfg.trainer.recompute_head)
                 cols = logp.shape[1]
-                loss_mask = t["loss_mask"][rows, :cols].to(ctx.device)
-                old = pad_to([old_logp[i] for i in rows], cols).to(ctx.device) if old_logp else logp.detach()
-                old_ent = entropy_ref[rows, :cols].to(ctx.device) if entropy_ref is not None else entropy
-                ref = pad_to([ref_logp[i] for i in rows], cols).to(ctx.device) if ref_logp else None
-                loss, loss_metrics = alg.policy_loss(
-                    acfg, logp, old, advantages[rows, :cols].to(ctx.device), loss_mask, norm,
-                    ref_logp=ref, entropy=entropy, old_entropy=old_ent)
+                old = pad_to([old_logp[i] for i in rows], cols).to(ctx.device) if old_logp is not None else None
+                ref = pad_to([ref_logp[i] for i in rows], cols).to(ctx.device) if ref_logp is not None else None
+                sampler = (pad_to([torch.tensor(rollouts.sampler_logprobs[i]) for i in rows], cols).to(ctx.device)
+                           if rollouts.sampler_logprobs else None)
+                loss, loss_metrics = alg.micro_batch_loss(acfg, step, rows, mini_batch, logp, entropy,
+                                                          old_logp=old, ref_logp=ref, sampler_logp=sampler)
                 # DeepSpeed averages gradients over ranks; each loss is already a share of the global mean
                 ctx.policy.backward(loss * dist.world_size(), scale_wrt_gas=False)
                 loss_total += float(loss.detach())
-                real = tokens.response_mask
-                means.add(loss_metrics, float(loss_mask.sum()))
+                real, entropy = tokens.response_mask, entropy.detach()
+                means.add(loss_metrics, float(step.loss_mask[rows, :cols].sum()))
                 means.add({"entropy/mean": float((entropy * real).sum() / real.sum().clamp(min=1))}, float(real.sum()))
-                means.add(alg.entropy_by_polarity(entropy, real, t["correct"][rows].to(ctx.device)), float(real.sum()))
+                means.add(alg.entropy_by_polarity(entropy, real, batch.correct[rows].to(ctx.device)), float(real.sum()))
             ctx.policy.step()
     metrics.update(means.reduce())
-    metrics.update(rollout_metrics(rollouts, t, advantages))
+    metrics.update(rollout_metrics(rollouts, batch, step))
     metrics["loss"] = sum(dist.all_gather_objects(loss_total)) / cfg.trainer.mini_batches
     metrics["grad_norm"] = float(ctx.policy.get_global_grad_norm() or 0.0)
     metrics["lr"] = float(ctx.policy.get_lr()[0])
     return metrics
 
 
-def rollout_metrics(rollouts: StepRollouts, t: dict, advantages: torch.Tensor) -> dict[str, float]:
+def rollout_metrics(rollouts: StepRollouts, batch: alg.StepBatch, step: alg.StepTensors) -> dict[str, float]:
     from tokenpo.rewards import count_verdicts
 
-    valid = t["valid"]
-    rewards = t["rewards"][valid]
-    lengths = t["lengths"][valid].float()
+    valid = batch.valid
+    rewards = step.rewards[valid]
+    lengths = batch.lengths[valid].float()
     g = rollouts.group_size
-    per_group = t["correct"].float().view(-1, g)
+    per_group = batch.correct.float().view(-1, g)
     zero_variance = (per_group.max(1).values == per_group.min(1).values).float()
     out = count_verdicts(rollouts.verdicts)
     out.update({
         "reward/mean": float(rewards.mean()) if rewards.numel() else 0.0,
         "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-        "accuracy": float(t["correct"][valid].float().mean()) if valid.any() else 0.0,
+        "accuracy": float(batch.correct[valid].float().mean()) if valid.any() else 0.0,
         "groups/zero_variance_frac": float(zero_variance.mean()),
         "response_length/mean": float(lengths.mean()) if lengths.numel() else 0.0,
         "response_length/max": float(lengths.max()) if lengths.numel() else 0.0,
-        "response_length/truncated_frac": float(t["truncated"].float().mean()),
-        "advantage/abs_mean": float((advantages.abs() * t["mask"]).sum() / t["mask"].sum().clamp(min=1)),
+        "response_length/truncated_frac": float(batch.truncated.float().mean()),
+        "advantage/abs_mean": float((step.advantages.abs() * batch.mask).sum() / batch.mask.sum().clamp(min=1)),
     })
     return out

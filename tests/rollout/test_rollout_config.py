@@ -1,0 +1,68 @@
+"""The rollout config group: the shipped conf/rollout files, the vllm section, and the start-up checks that tie
+the engine to the rest of the config."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from tokenpo import CONF_DIR
+from tokenpo.config import build_config
+from tokenpo.errors import ConfigError
+from tokenpo.rollout.config import rollout_config_from_dict
+
+YAMLS = sorted((Path(CONF_DIR) / "rollout").glob("*.yaml"))
+
+
+def train_config(*overrides: str):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return build_config(compose("train", ["model=tiny", "logger.mode=disabled", *overrides]))
+
+
+def test_the_hf_and_vllm_engines_ship_a_config():
+    assert [path.stem for path in YAMLS] == ["hf", "vllm"]
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.stem)
+def test_every_yaml_field_has_a_comment_above_it(path):
+    lines = path.read_text().splitlines()
+    for number, line in enumerate(lines):
+        if line.strip() and not line.lstrip().startswith("#"):
+            assert lines[number - 1].lstrip().startswith("#"), f"{path.name}:{number + 1} {line!r} has no comment"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="composes rollout=vllm, which needs vllm")
+def test_vllm_yaml_keeps_the_hf_sampling_keys_and_adds_its_own():
+    hf, vllm = train_config().rollout, train_config("rollout=vllm").rollout
+    assert vllm.engine == "vllm"
+    assert (vllm.group_size, vllm.max_new_tokens, vllm.temperature, vllm.top_p) == \
+        (hf.group_size, hf.max_new_tokens, hf.temperature, hf.top_p)
+    assert (vllm.vllm.dtype, vllm.vllm.kv_cache_gib, vllm.vllm.sleep_mode) == ("auto", 1.0, True)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="this Python has vllm")
+def test_vllm_without_the_package_is_a_one_line_start_up_error():
+    with pytest.raises(ConfigError, match=r"rollout.engine=vllm needs the 'vllm' package.*setup_vllm.sh"):
+        train_config("rollout=vllm")
+
+
+@pytest.mark.parametrize("vllm, message", [
+    ({"dtype": "float64"}, "rollout.vllm.dtype must be one of auto, float32, bfloat16, float16"),
+    ({"gpu_memory_utilization": 0}, r"rollout.vllm.gpu_memory_utilization must be in \(0, 1\]"),
+    ({"kv_cache_gib": 0}, "rollout.vllm.kv_cache_gib must be null or > 0"),
+    ({"tensor_parallel_size": 2}, "rollout.vllm.tensor_parallel_size must be 1"),
+    ({"swap_space": 4}, "unknown key rollout.vllm.swap_space"),
+])
+def test_bad_vllm_settings_are_one_line_errors(vllm, message):
+    # the section is validated whatever the engine, so a typo fails before a long run switches engines
+    with pytest.raises(ConfigError, match=message):
+        rollout_config_from_dict({"engine": "hf", "vllm": vllm})
+
+
+def test_tis_needs_an_engine_that_returns_logprobs():
+    with pytest.raises(ConfigError, match="algorithm.loss.tis_cap=2.0 needs the rollout engine's log-probs.*hf"):
+        train_config("algorithm.loss.tis_cap=2")
+    assert train_config("algorithm.loss.tis_cap=null").algorithm.loss.tis_cap is None

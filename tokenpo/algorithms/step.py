@@ -1,0 +1,111 @@
+"""The two calls the trainer makes: `prepare_step` once per step on the global batch, `micro_batch_loss` per
+micro-batch.
+
+The trainer fills a `StepBatch` (what it knows of the step's responses) and gets back `StepTensors`
+(everything the algorithm derives from it). An estimator that needs another per-step input adds a field to
+`StepBatch`, filled by the trainer, instead of a branch in the trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from tokenpo.algorithms.advantages import token_advantages
+from tokenpo.algorithms.aggregation import LossNorm
+from tokenpo.algorithms.kl import kl_mask_entropy_reference
+from tokenpo.algorithms.losses import policy_loss
+from tokenpo.algorithms.shaping import shape_rewards
+
+if TYPE_CHECKING:
+    from tokenpo.algorithms.config import AlgorithmConfig
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """The step's global batch, group-major (G rows per group): [N] per response, [N, T] per token."""
+
+    correct: Tensor  # [N] bool: the answer matches the gold one
+    valid: Tensor  # [N] bool: the gold answer parses (a group without one stays out of the loss)
+    truncated: Tensor  # [N] bool: stopped by max_new_tokens
+    in_format: Tensor  # [N] float: 1 where the answer is given in the asked-for form
+    lengths: Tensor  # [N] long: response tokens
+    group_ids: Tensor  # [N] long: responses to one prompt share an id
+    mask: Tensor  # [N, T] float: 1 on real response tokens (`response_mask(lengths)`)
+    max_new_tokens: int  # L_max of the rollout
+    mini_batches: int  # optimiser updates per step, over consecutive equal shares of the groups
+    format_weight: float = 0.0  # reward added per in-format answer (reward.format_weight)
+    old_entropy: Tensor | None = None  # [N, T] the rollout policy's token entropy; given when needs_entropy
+
+
+@dataclass(frozen=True)
+class StepTensors:
+    """What `prepare_step` derives from a `StepBatch`."""
+
+    rewards: Tensor  # [N] shaped sequence rewards, format bonus included
+    loss_mask: Tensor  # [N, T] mask without the responses shaping drops and the groups whose gold is invalid
+    advantages: Tensor  # [N, T], 0 on padding
+    entropy_reference: Tensor | None  # [N, T] what a KL mask compares the current entropy with
+    loss_norms: tuple[LossNorm, ...]  # the global denominators of each mini-batch
+    metrics: dict[str, float]  # reward shaping's metrics
+
+
+def response_mask(lengths: Tensor) -> Tensor:
+    """[N] response lengths -> [N, T] float mask, T the longest length (at least 1)."""
+    width = max(1, int(lengths.max()))
+    return (torch.arange(width)[None, :] < lengths[:, None]).float()
+
+
+def mini_batch_norms(loss_mask: Tensor, mini_batches: int, max_len: int) -> tuple[LossNorm, ...]:
+    """`LossNorm` of each of `mini_batches` consecutive equal shares of the rows."""
+    if len(loss_mask) % mini_batches:
+        raise ValueError(f"{len(loss_mask)} rows do not split into {mini_batches} equal mini-batches")
+    return tuple(LossNorm.from_mask(part, max_len) for part in loss_mask.split(len(loss_mask) // mini_batches))
+
+
+def prepare_step(cfg: AlgorithmConfig, batch: StepBatch) -> StepTensors:
+    """Rewards (shaping and the format bonus), loss mask, advantages, the KL mask's entropy reference and the
+    loss normalisers of one step, all on the whole step batch (group and batch statistics see every response)."""
+    rewards, keep, metrics = shape_rewards(cfg, batch.correct, batch.lengths, batch.truncated, batch.group_ids,
+                                           batch.max_new_tokens)
+    metrics["reward/asked_format_frac"] = float(batch.in_format.mean())
+    if batch.format_weight:
+        rewards = rewards + batch.format_weight * batch.in_format
+    loss_mask = batch.mask * (keep & batch.valid).float()[:, None]
+    entropy_reference = None
+    if batch.old_entropy is not None:
+        entropy_reference = kl_mask_entropy_reference(cfg, batch.old_entropy, batch.mask, batch.group_ids)
+    advantages = token_advantages(cfg, rewards, batch.correct, batch.group_ids, batch.mask, batch.old_entropy)
+    norms = mini_batch_norms(loss_mask, batch.mini_batches, batch.max_new_tokens)
+    return StepTensors(rewards, loss_mask, advantages, entropy_reference, norms, metrics)
+
+
+def micro_batch_loss(
+    cfg: AlgorithmConfig,
+    step: StepTensors,
+    rows: list[int],
+    mini_batch: int,
+    logp: Tensor,
+    entropy: Tensor,
+    *,
+    old_logp: Tensor | None = None,
+    ref_logp: Tensor | None = None,
+    sampler_logp: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Scalar loss of the step's rows `rows` in mini-batch `mini_batch` (its share of that update) and metrics.
+
+    logp, entropy: [b, T'] of the current policy on those rows (logp with grad; entropy with grad when
+    `needs_entropy_grad`); old_logp (None: on-policy, the detached logp), ref_logp and sampler_logp (the rollout
+    engine's, where it returns them): [b, T'].
+    """
+    cols = logp.shape[1]
+
+    def these_rows(values: Tensor | None) -> Tensor | None:
+        return None if values is None else values[rows, :cols].to(logp.device)
+
+    return policy_loss(cfg, logp, logp.detach() if old_logp is None else old_logp, these_rows(step.advantages),
+                       these_rows(step.loss_mask), step.loss_norms[mini_batch], ref_logp=ref_logp, entropy=entropy,
+                       entropy_reference=these_rows(step.entropy_reference), sampler_logp=sampler_logp)

@@ -1,0 +1,149 @@
+"""Rollouts on vLLM, colocated with the trainer in each process (as TRL's `vllm_mode=colocate` and verl's hybrid
+engine run it): every rank has its own engine and generates its own share of the groups.
+
+The engine starts from the policy's config and tokenizer with dummy weights and gets every weight from
+`sync_weights`, the same call that follows each policy update, so the sync cannot silently miss a layer
+(tests/rollout/test_vllm_engine.py checks the log-probs after several updates). Weights stream one module at a
+time: under ZeRO-3 each module's shards are gathered only while that module's weights are handed over.
+
+vLLM's CPU backend repacks every linear weight for its GEMM kernels and leaves an empty parameter behind, so
+`load_weights` into the live model has nowhere to write; there the sync goes through vLLM's in-place reload
+(`reload_weights`: restore each layer, load, re-run the weight post-processing). On GPUs the weights are
+copied into the live model with `load_weights`, as TRL and verl do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+
+import torch
+
+from tokenpo.deepspeed import dist
+from tokenpo.rollout.engine import ENGINES, Responses, SamplingParams
+
+# vLLM's own RNG only serves requests without a seed; each request gets one drawn from the run's generator
+SEED_RANGE = 2**31 - 1
+
+
+def policy_weights(module: torch.nn.Module, zero3: bool):
+    """(name, tensor) of every parameter, one module at a time. Under ZeRO-3 a module's shards are gathered
+    (a collective: every rank walks the same modules) and copied out only for that module, never the whole
+    model at once."""
+    if zero3:
+        import deepspeed
+    for prefix, submodule in module.named_modules():
+        params = list(submodule.named_parameters(prefix=prefix, recurse=False))
+        if not params:
+            continue
+        if not zero3:
+            yield from ((name, param.detach()) for name, param in params)
+            continue
+        with deepspeed.zero.GatheredParameters([param for _, param in params]):
+            # copied: the gathered storage is released when the context exits, a reload may still hold it
+            owned = [(name, param.detach().clone()) for name, param in params]
+        yield from owned
+
+
+def model_folder(module: torch.nn.Module, tokenizer) -> tempfile.TemporaryDirectory:
+    """A folder with the policy's config and tokenizer (no weights): what vLLM builds its model from."""
+    folder = tempfile.TemporaryDirectory(prefix="tokenpo-vllm-")
+    module.config.save_pretrained(folder.name)
+    tokenizer.save_pretrained(folder.name)
+    return folder
+
+
+@ENGINES.register("vllm", requires="vllm", logprobs=True)
+class VLLMEngine:
+    def __init__(self, cfg, policy, tokenizer, deepspeed=None) -> None:
+        # colocated: vLLM runs in this process (its worker reads the weights this process streams to it)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        v = cfg.vllm
+        module = getattr(policy, "module", policy)
+        self.zero3 = deepspeed is not None and deepspeed.stage == 3
+        self.in_place_reload = current_platform.is_cpu()
+        self.sleep_mode = v.sleep_mode and current_platform.is_sleep_mode_available()
+        self.asleep = False
+        dtype = v.dtype if v.dtype != "auto" else str(next(module.parameters()).dtype).removeprefix("torch.")
+        self.folder = model_folder(module, tokenizer)
+        self.llm = LLM(
+            model=self.folder.name,
+            load_format="dummy",  # every weight comes from sync_weights
+            dtype=dtype,
+            seed=v.seed,
+            tensor_parallel_size=v.tensor_parallel_size,
+            gpu_memory_utilization=v.gpu_memory_utilization,
+            kv_cache_memory_bytes=int(v.kv_cache_gib * 2**30) if v.kv_cache_gib else None,
+            enforce_eager=v.enforce_eager,
+            max_model_len=v.max_model_len,
+            enable_sleep_mode=self.sleep_mode,
+            # sampling as the rollout config says, not as the model folder's generation_config.json would
+            generation_config="vllm",
+            # log-probs after temperature (and top-p): those of the distribution the tokens were drawn from
+            logprobs_mode="processed_logprobs",
+            # every rank runs its own engine inside the launcher's process group
+            distributed_executor_backend="external_launcher" if dist.world_size() > 1 else None,
+        )
+        self.sync_weights(policy)
+
+    def generate(self, prompt_ids, params: SamplingParams, generator: torch.Generator) -> Responses:
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self.wake_up()
+        # one seed per prompt (vLLM gives its G samples seed, seed + 1, ...): the same draws whatever the batching
+        seeds = torch.randint(SEED_RANGE, (len(prompt_ids),), generator=generator, device=generator.device).tolist()
+        requests = [VLLMSamplingParams(
+            n=params.num_samples, temperature=params.temperature, top_p=params.top_p,
+            max_tokens=params.max_new_tokens, seed=seed, logprobs=0, detokenize=False,
+            # the stop tokens are exactly the rollout's (the tokenizer's EOS is among them), as in the hf engine
+            stop_token_ids=list(params.stop_token_ids), ignore_eos=True)
+            for seed in seeds]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], requests, use_tqdm=False)
+        samples = [s for out in outputs for s in sorted(out.outputs, key=lambda s: s.index)]
+        return Responses(
+            token_ids=[list(s.token_ids) for s in samples],
+            truncated=[s.finish_reason == "length" for s in samples],
+            logprobs=[[step[token].logprob for step, token in zip(s.logprobs, s.token_ids)] for s in samples],
+        )
+
+    def load_weights(self, weights) -> None:
+        """Copy (name, tensor) pairs in Hugging Face names into the engine's model."""
+        if self.in_place_reload:
+            # each reload warns that the rotary embedding got no weights: it has none, only a computed table
+            logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
+                                                              "is_checkpoint_format": True})
+        else:
+            self.llm.apply_model(lambda model: model.load_weights(weights))
+        # cached prompt KV was computed with the old weights
+        self.llm.reset_prefix_cache()
+
+    def sync_weights(self, policy) -> None:
+        if self.asleep:
+            # weights first, the KV cache after the copy: the peak stays at the policy + vLLM's weights
+            self.llm.wake_up(tags=["weights"])
+        self.load_weights(policy_weights(getattr(policy, "module", policy), self.zero3))
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+
+    def sleep(self) -> None:
+        if self.sleep_mode and not self.asleep:
+            # level 1: KV cache dropped, weights offloaded to CPU memory (buffers such as RoPE tables survive)
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def close(self) -> None:
+        self.llm.llm_engine.engine_core.shutdown()
+        del self.llm
+        self.folder.cleanup()
