@@ -63,6 +63,7 @@ EXPECTED = {
     ("eval", "aime25"): {"n": 32, "data.loader": "aime25"},
     ("eval", "amc23"): {"n": 32, "data.loader": "amc23"},
     ("rollout", "hf"): {"engine": "hf", "group_size": 4, "share_prefill": True},
+    ("rollout", "vllm"): {"engine": "vllm", "group_size": 4, "vllm.dtype": "auto", "vllm.kv_cache_gib": 1.0},
     ("trainer", "default"): {"mini_batches": 1, "resume": "auto"},
     ("reward", "default"): {"fn": None, "format_weight": 0.0},
     ("logger", "wandb"): {"mode": "auto", "project": "tokenpo"},

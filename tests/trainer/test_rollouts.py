@@ -63,7 +63,7 @@ class ScriptedContext:
 
     def generate(self, prompt_ids, params, generator):
         return SimpleNamespace(token_ids=[[7] for _ in prompt_ids for _ in range(G)],
-                               truncated=[False] * (len(prompt_ids) * G))
+                               truncated=[False] * (len(prompt_ids) * G), logprobs=None)
 
     def uids(self, positions: list[int]) -> list[str]:
         return [self.draw_order[i] for i in positions]

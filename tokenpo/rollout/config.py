@@ -32,7 +32,8 @@ class VLLMConfig:
             raise ConfigError(f"rollout.vllm.tensor_parallel_size must be 1 (one colocated engine per trainer "
                               f"process; tensor parallelism is not supported yet), got {self.tensor_parallel_size}")
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise ConfigError(f"rollout.vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+            raise ConfigError(f"rollout.vllm.gpu_memory_utilization must be in (0, 1], "
+                              f"got {self.gpu_memory_utilization}")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
             raise ConfigError(f"rollout.vllm.kv_cache_gib must be null or > 0, got {self.kv_cache_gib}")
         if self.max_model_len is not None and self.max_model_len < 1:
@@ -51,9 +52,10 @@ class RolloutConfig:
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
     def validate(self) -> None:
-        from tokenpo.rollout.engine import get_engine
+        from tokenpo.rollout.engine import ENGINES
 
-        get_engine(self.engine)
+        # the name only: an engine's package is needed where it runs (build_engine), not to validate a config
+        ENGINES.get(self.engine)
         if self.group_size < 1:
             raise ConfigError(f"rollout.group_size must be >= 1, got {self.group_size}")
         if self.max_new_tokens < 1:

@@ -14,6 +14,7 @@ copied into the live model with `load_weights`, as TRL and verl do.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import tempfile
@@ -49,7 +50,10 @@ def policy_weights(module: torch.nn.Module, zero3: bool):
 def model_folder(module: torch.nn.Module, tokenizer) -> tempfile.TemporaryDirectory:
     """A folder with the policy's config and tokenizer (no weights): what vLLM builds its model from."""
     folder = tempfile.TemporaryDirectory(prefix="tokenpo-vllm-")
-    module.config.save_pretrained(folder.name)
+    config = copy.deepcopy(module.config)
+    # the class vLLM builds: a config made in memory (the tiny model) names none, and a bare LlamaModel has no head
+    config.architectures = [type(module).__name__]
+    config.save_pretrained(folder.name)
     tokenizer.save_pretrained(folder.name)
     return folder
 
