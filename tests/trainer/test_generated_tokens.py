@@ -3,10 +3,9 @@ also the groups the filter dropped (scripted verdicts as in test_rollouts)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from test_rollouts import G, ScriptedContext
 
+from tokenpo.rollout.engine import Responses
 from tokenpo.trainer.rollouts import collect_rollouts
 
 
@@ -14,8 +13,8 @@ class LengthContext(ScriptedContext):
     """Prompt p<i> gets G responses of i + 1 tokens."""
 
     def generate(self, prompt_ids, params, generator):
-        return SimpleNamespace(token_ids=[[7] * (ids[0] + 1) for ids in prompt_ids for _ in range(G)],
-                               truncated=[False] * (len(prompt_ids) * G))
+        return Responses(token_ids=[[7] * (ids[0] + 1) for ids in prompt_ids for _ in range(G)],
+                         truncated=[False] * (len(prompt_ids) * G))
 
 
 def tokens_of(uids: list[str]) -> int:

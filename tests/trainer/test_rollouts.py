@@ -17,7 +17,7 @@ from tokenpo.algorithms.config import DynamicSamplingConfig
 from tokenpo.data import Example, PromptSampler
 from tokenpo.errors import ConfigError
 from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG
-from tokenpo.rollout.engine import SamplingParams
+from tokenpo.rollout.engine import Responses, SamplingParams
 from tokenpo.trainer.rollouts import collect_rollouts, dynamic_sampling_metrics
 
 G = 2
@@ -62,8 +62,7 @@ class ScriptedContext:
         yield
 
     def generate(self, prompt_ids, params, generator):
-        return SimpleNamespace(token_ids=[[7] for _ in prompt_ids for _ in range(G)],
-                               truncated=[False] * (len(prompt_ids) * G), logprobs=None)
+        return Responses(token_ids=[[7] for _ in prompt_ids for _ in range(G)], truncated=[False] * (len(prompt_ids) * G))
 
     def uids(self, positions: list[int]) -> list[str]:
         return [self.draw_order[i] for i in positions]
