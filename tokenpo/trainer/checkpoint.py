@@ -1,4 +1,4 @@
-"""Resumable checkpoints: model, optimizer, LR scheduler, data position, RNG states of every rank, step, W&B id.
+"""Resumable checkpoints: model, optimizer, data position (the learning rate follows from the step), RNG states of every rank, step, W&B id.
 
 Layout under `<run_dir>/checkpoints/`: `step_000004/` (DeepSpeed's `state/` folder, `rng_rank<r>.pt` per rank,
 `tokenpo.json` with the step and number of processes, `manifest.json` with the sha256 and size of every other
@@ -273,8 +273,9 @@ def load(engine, path: Path) -> dict:
                           f"deepspeed.stage={meta['zero_stage']}, not {stage}")
     # read before DeepSpeed unpickles anything, so that a refused file stops the load early
     rng = _load_rng(path / f"rng_rank{dist.rank()}.pt")
+    # no LR scheduler state: the learning rate follows from the rollout step (tokenpo.trainer.optim)
     load_path, client_state = engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
-                                                     load_lr_scheduler_states=True)
+                                                     load_lr_scheduler_states=False)
     if load_path is None:
         raise ConfigError(f"checkpoint {path}: DeepSpeed could not load it (see its log above)")
     set_rng_state(rng)
