@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import wandb
@@ -63,6 +64,9 @@ def test_steps_a_killed_process_lost_are_logged_again_on_resume(tmp_path):
     (first,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     # W&B writes asynchronously: the kill loses the steps it had not written (all four, in practice)
     lost = {0, 1, 2, 3} - history_steps(first)
+    # W&B names an offline run's folder by the second it started: a resume within the same second as the killed
+    # start would reuse its folder (a real restart takes longer than that; this test can be that fast)
+    time.sleep(1.0 - time.time() % 1.0 + 0.05)
 
     logger = offline_logger(tmp_path, resume_id=run_id)
     logger.log(4, {"reward/mean": 0.4})
