@@ -1,13 +1,78 @@
 #!/usr/bin/env bash
-# CPU-scale study on the embedded default: all seven algorithms x 3 seeds on the shared testbed
-# (scripts/lib/testbed.sh), then the comparison (figures + table into docs/study/). Wall time on 2 cores:
-# see docs/results.md. Extra arguments are Hydra overrides for every run.
-#   STUDY_STEPS (default 6) training steps per run; STUDY_DIR (default outputs/study) the multirun folder.
+# The CPU study (docs/results.md): GRPO, DAPO, GTPO, the GTPO alpha2 = 0 control, GRPO-S, TEPO, Dr. GRPO and GSPO
+# with their paper defaults x 5 seeds x 15 steps on the shared testbed (scripts/lib/testbed.sh) with the study's
+# data and evaluation (data=arith_study, eval=arith_study: 200 held-out problems and a 200-problem two-digit
+# transfer set, both greedy after the last step), then the comparisons (figures, summaries and significance
+# tables against GRPO) into docs/study/ and docs/study/transfer/.
+#
+# Sized for the 2-core development machine: 4 prompts x 4 responses of at most 24 tokens a step (trained answers
+# take 10-16; the main job allows 32); every run at trainer.threads=1, two
+# runs side by side (STUDY_LANES), so each run's numbers do not depend on what runs beside it. A run whose
+# summary.json already shows every step is kept, so an interrupted study continues where it stopped; a new
+# STUDY_DIR runs everything again. The untrained model's scores (the same for every run: greedy, same weights)
+# come from one extra run that evaluates before its first step, written to <STUDY_DIR>_base.
+#   STUDY_DIR (outputs/study), STUDY_STEPS (15), STUDY_SEEDS ("0 1 2 3 4"), STUDY_LANES (2), STUDY_DOCS (docs/study:
+#   where the comparison goes). Extra arguments are Hydra overrides for every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="$(bash scripts/setup.sh | tail -n 1)"
 source scripts/lib/testbed.sh
 OUT="${STUDY_DIR:-outputs/study}"
-timed_sweep study "$OUT" "${STUDY_STEPS:-6}" algorithm=grpo,dapo,tepo,gtpo,grpo_s,dr_grpo,gspo seed=0,1,2 "$@"
-"$PY" -m tokenpo.compare "$OUT" --baseline algorithm=grpo --target-metric eval/accuracy --target 0.7 \
-    --band minmax --out docs/study
+STEPS="${STUDY_STEPS:-15}"
+LANES="${STUDY_LANES:-2}"
+DOCS="${STUDY_DOCS:-docs/study}"
+read -r -a SEEDS <<< "${STUDY_SEEDS:-0 1 2 3 4}"
+GROUPS_=(algorithm=grpo algorithm=dapo algorithm=gtpo experiment=gtpo/alpha2_0_control algorithm=grpo_s
+         algorithm=tepo algorithm=dr_grpo algorithm=gspo)
+COMMON=(data=arith_study eval=arith_study data.prompts_per_step=4 rollout.max_new_tokens=24 trainer.threads=1
+        "${TESTBED[@]}" "$@")
+
+# run_one DIR STEPS OVERRIDES...: one training run of STEPS steps into DIR (its console output in DIR/stdout.log);
+# a run already complete there is kept
+run_one() {
+  local dir=$1 steps=$2
+  shift 2
+  if [[ -f "$dir/summary.json" ]] && "$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); \
+sys.exit(0 if s['steps'] == int(sys.argv[2]) and not s['interrupted'] else 1)" "$dir/summary.json" "$steps"; then
+    echo "kept (complete): $dir"
+    return 0
+  fi
+  mkdir -p "$dir"
+  if "$PY" -m tokenpo.train "$@" trainer.max_steps="$steps" "${COMMON[@]}" hydra.run.dir="$dir" \
+      > "$dir/stdout.log" 2>&1; then
+    rm -rf "$dir/final"  # the study keeps metrics and eval records, not 41 copies of the 0.5 GB weights
+    echo "done: $dir ($(date +%H:%M:%S))"
+  else
+    echo "FAILED: $dir (see $dir/stdout.log)"
+    echo "$dir" >> "$FAILED"
+  fi
+}
+
+# wait_for_lane: block until fewer than LANES runs are running
+wait_for_lane() {
+  while (( $(jobs -rp | wc -l) >= LANES )); do
+    wait -n || true
+  done
+}
+
+start=$(date +%s)
+FAILED=$(mktemp)  # one line per failed run
+# the untrained model's held-out and transfer scores, once
+run_one "${OUT}_base" 1 algorithm=grpo seed=0 eval.before_training=true &
+# seeds outermost: an interrupted study has whole seeds of every group
+for seed in "${SEEDS[@]}"; do
+  for group in "${GROUPS_[@]}"; do
+    wait_for_lane
+    name=${group#*=}
+    run_one "$OUT/${name//\//_}/seed$seed" "$STEPS" "$group" seed="$seed" &
+  done
+done
+wait
+failed=$(wc -l < "$FAILED")
+echo "study wall time: $(( $(date +%s) - start )) s; failed runs: $failed"
+
+"$PY" -m tokenpo.compare "$OUT" --baseline algorithm=grpo --target-metric eval/accuracy --target 0.5 --band ci \
+    --out "$DOCS"
+"$PY" -m tokenpo.compare "$OUT" --baseline algorithm=grpo --target-metric eval/arith_transfer/accuracy \
+    --target 0.3 --band ci --no-figures --out "$DOCS/transfer"
+exit $(( failed > 0 ))

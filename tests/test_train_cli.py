@@ -65,6 +65,28 @@ def test_two_step_run_logs_every_metric_and_updates_the_model(tmp_path):
     assert_trained_from_seed(run_dir / "final", seed=0, lr=lines[-1]["lr"])
 
 
+def test_extra_benchmark_is_evaluated_beside_the_main_one_and_before_training_can_be_skipped(tmp_path):
+    """eval.extra: its metrics under eval/<name>/ and its records in eval_after.<name>.json, eval/accuracy stays the
+    main benchmark's; eval.before_training=false: no step-0 line, no eval_before files, the run is otherwise alike."""
+    extra = "eval.extra=[{name: first2, max_problems: 2}]"
+    runs = {"skip": tmp_path / "skip", "before": tmp_path / "before"}
+    for before, run_dir in zip(("false", "true"), runs.values()):
+        proc = train(*SMALL, extra, f"eval.before_training={before}", "trainer.max_steps=1", f"hydra.run.dir={run_dir}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    skipped, evaluated = read_metrics(runs["skip"]), read_metrics(runs["before"])
+    assert [line["step"] for line in skipped] == [1] and [line["step"] for line in evaluated] == [0, 1]
+    last = skipped[-1]
+    assert last["eval/accuracy"] == last["eval/arith/accuracy"]
+    assert (last["eval/arith/num_problems"], last["eval/first2/num_problems"]) == (4, 2)
+    assert {k: v for k, v in last.items() if not k.startswith(("timing/", "throughput/", "time/"))} == \
+        {k: v for k, v in evaluated[-1].items() if not k.startswith(("timing/", "throughput/", "time/"))}
+    first2 = json.loads((runs["skip"] / "eval_after.first2.json").read_text())
+    main = json.loads((runs["skip"] / "eval_after.json").read_text())
+    assert [r["uid"] for r in first2["records"]] == [r["uid"] for r in main["records"]][:2]
+    assert not list(runs["skip"].glob("eval_before*")) and (runs["before"] / "eval_before.first2.json").is_file()
+    assert json.loads((runs["skip"] / "summary.json").read_text())["eval_before"] is None
+
+
 def test_entropy_bonus_trains_through_the_recomputed_head(tmp_path):
     """algorithm.loss.entropy_coef reaches the loss with the entropy's gradient (the loss refuses a detached one),
     under the chunked head recompute; DAPO's token-mean makes the logged term exactly −c · mean entropy."""
@@ -186,7 +208,7 @@ def start_error(tmp_path: Path, *overrides: str, env: dict | None = None) -> str
 @pytest.mark.parametrize(("option", "choices"), [
     ("algorithm=grpoo", "(available: dapo, dr_grpo, grpo, grpo_s, gspo, gtpo, tepo)"),
     ("deepspeed=zero22", "(available: zero0, zero1, zero2, zero3, zero3_offload)"),
-    ("eval=aime99", "(available: aime24, aime25, amc23, arith, gsm8k, math500)"),
+    ("eval=aime99", "(available: aime24, aime25, amc23, arith, arith_study, gsm8k, math500)"),
 ])
 def test_unknown_group_option_is_one_line_listing_the_options(tmp_path, option, choices):
     error = start_error(tmp_path, option)

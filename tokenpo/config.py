@@ -65,8 +65,9 @@ def build_config(tree: DictConfig | dict) -> TrainConfig:
     if not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     data = data_config_from_dict(plain["data"])
-    if plain["eval"].get("data") is not None:
-        data_config_from_dict(plain["eval"]["data"])  # a benchmark's data config fails here, not mid-run
+    for benchmark in [plain["eval"], *(plain["eval"].get("extra") or [])]:
+        if isinstance(benchmark, dict) and benchmark.get("data") is not None:
+            data_config_from_dict(benchmark["data"])  # a benchmark's data config fails here, not mid-run
     config = TrainConfig(
         seed=seed,
         algorithm=algorithm_config_from_dict(plain["algorithm"]),

@@ -105,3 +105,12 @@ def test_errors_are_one_line_and_non_zero(multirun, tmp_path, capsys):
     assert "no such directory" in errors[0] and "no run dirs" in errors[1]
     assert "has metrics yet" in errors[2] and "matches 0 groups" in errors[3]
     assert not (multirun / "compare").exists()
+
+
+def test_no_figures_writes_the_tables_for_another_target_metric(multirun, tmp_path, capsys):
+    out = tmp_path / "reward"
+    assert main([str(multirun), "--baseline", "algorithm=grpo", "--target-metric", "reward/mean", "--no-figures",
+                 "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["significance.csv", "significance.md", "summary.csv", "summary.md"]
+    assert "final reward/mean" in (out / "significance.md").read_text()
+    assert "wrote 0 figures" in capsys.readouterr().out

@@ -68,6 +68,16 @@ def test_grouping_matches_nested_seed_and_keeps_group_by_keys():
         group_runs(runs, ["seed"], ["model"])
 
 
+def test_a_key_a_run_does_not_set_stays_out_of_its_label():
+    """The study's GTPO control is `experiment=...` beside `algorithm=...` runs: each label names what its runs set."""
+    runs = [make_run("a", algorithm="grpo", seed=0), make_run("b", algorithm="grpo", seed=1),
+            make_run("c", experiment="gtpo/alpha2_0_control", seed=0)]
+    groups = group_runs(runs, ["seed"])
+    assert {label: [run.path for run in group] for label, group in groups.items()} == {
+        "algorithm=grpo": ["a", "b"], "experiment=gtpo/alpha2_0_control": ["c"]}
+    assert find_group(groups, "algorithm=grpo") == "algorithm=grpo"
+
+
 def test_find_group_needs_exactly_one_match():
     groups = group_runs([make_run("a", algorithm="grpo", lr=1), make_run("b", algorithm="dapo", lr=2)], ["seed"])
     assert find_group(groups, "algorithm=dapo") == "algorithm=dapo lr=2"

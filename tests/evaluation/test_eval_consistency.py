@@ -118,7 +118,7 @@ def test_eval_temperature_and_top_p_reach_the_samples_in_both_paths(monkeypatch,
         ctx = SimpleNamespace(cfg=cfg, reward=cfg.reward_for(cfg.data), scorer=training_scorer, tokenizer=tokenizer,
                               prompt_ids=lambda ex, data: [1], stop_token_ids=(2,),
                               generate=engine.generate)
-        train_metrics, train_records = eval_benchmark(ctx, examples, eval_data, step=0)
+        train_metrics, train_records = eval_benchmark(ctx, cfg.eval, examples, eval_data, step=0)
 
     assert protocol_settings(cli_params) == protocol_settings(engine.params) == [(1, 0.0, 1.0, 8), (2, 0.7, 0.9, 8)]
     # the unboxed greedy answer is no answer for MATH-500 (arith's settings would say correct, then wrong)

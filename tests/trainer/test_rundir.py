@@ -16,7 +16,7 @@ from multiproc_util import SMALL, cli_env, read_metrics
 from tokenpo.trainer import rundir
 
 EARLIER = {".hydra/overrides.yaml": "- seed=7\n", "metrics.jsonl": '{"step": 0}\n', "eval_before.json": "{}",
-           "eval_after.json": "{}", "summary.json": "{}", "final/config.json": "{}", "wandb/latest-run": "x",
+           "eval_after.json": "{}", "eval_after.arith_transfer.json": "{}", "summary.json": "{}", "final/config.json": "{}", "wandb/latest-run": "x",
            "checkpoints/step_000002/state/x": "x", "checkpoints.previous-20250101-000000/step_000005/x": "x",
            "resolved_config.json": "{}"}
 # an earlier run that saved no checkpoint it could be resumed from (its stale ones set aside, a `latest` alone)
@@ -46,7 +46,7 @@ def test_an_earlier_run_is_moved_aside_whole_and_train_log_stays(tmp_path, caplo
     (line,) = caplog.messages
     assert line == (f"{tmp_path} held a run that this start does not resume: moved .hydra, resolved_config.json, "
                     "metrics.jsonl, eval_before.json, eval_after.json, summary.json, final, checkpoints, wandb, "
-                    f"checkpoints.previous-20250101-000000 to {folder} (train.log keeps every start's log)")
+                    f"eval_after.arith_transfer.json, checkpoints.previous-20250101-000000 to {folder} (train.log keeps every start's log)")
 
 
 def test_a_dir_without_results_has_nothing_to_set_aside(tmp_path):

@@ -48,6 +48,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--baseline", metavar="OVERRIDES",
         help="group the ratios and significance tests are taken against, e.g. 'algorithm=grpo'",
     )
+    parser.add_argument("--no-figures", action="store_true",
+                        help="tables only (e.g. a second target metric of runs whose figures are written already)")
     parser.add_argument("--wandb", action="store_true", help="also log figures and table to one W&B run (honours WANDB_MODE)")
     parser.add_argument("--wandb-project", default="tokenpo", help="W&B project (default: tokenpo)")
     return parser.parse_args(argv)
@@ -69,7 +71,7 @@ def compare(args: argparse.Namespace) -> None:
 
     out_dir = args.out or args.inputs[0] / "compare"
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = plot_all(groups, args.band, out_dir)
+    figures = [] if args.no_figures else plot_all(groups, args.band, out_dir)
     summaries = [summarize_group(label, group, args.target_metric, args.target) for label, group in groups.items()]
     if baseline:
         summaries = with_baseline_ratios(summaries, baseline)

@@ -16,8 +16,6 @@ METRICS_FILE = "metrics.jsonl"
 OVERRIDES_FILE = os.path.join(".hydra", "overrides.yaml")
 # label of the single group when no override tells the runs apart
 ALL_RUNS = "all runs"
-# shown for a label key that a run does not override
-UNSET = "<unset>"
 
 
 @dataclass
@@ -142,11 +140,12 @@ def label_keys(runs: list[Run], average_over: list[str], group_by: list[str] | N
 
 
 def group_runs(runs: list[Run], average_over: list[str], group_by: list[str] | None = None) -> dict[str, list[Run]]:
-    """{label: runs}, sorted by label; a label reads like 'algorithm=dapo'."""
+    """{label: runs}, sorted by label; a label reads like 'algorithm=dapo'. A key a run does not set is left out of
+    its label ('experiment=gtpo/alpha2_0_control' beside 'algorithm=dapo'): the keys it does set tell it apart."""
     keys = label_keys(runs, average_over, group_by)
     groups: dict[str, list[Run]] = {}
     for run in runs:
-        label = " ".join(f"{key}={run.overrides.get(key, UNSET)}" for key in keys) or ALL_RUNS
+        label = " ".join(f"{key}={run.overrides[key]}" for key in keys if key in run.overrides) or ALL_RUNS
         groups.setdefault(label, []).append(run)
     return dict(sorted(groups.items()))
 

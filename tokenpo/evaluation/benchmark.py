@@ -6,20 +6,25 @@ the same problems with the same prompts.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from tokenpo.data import DataConfig, Example, data_config_from_dict, load_splits
 from tokenpo.errors import ConfigError
 from tokenpo.evaluation.config import EvalConfig
 
+log = logging.getLogger("tokenpo")
+
 
 def load_benchmark(eval_cfg: EvalConfig, data_cfg: DataConfig, seed: int, tokenizer,
-                   data_eval: list[Example] | None = None) -> tuple[list[Example], DataConfig]:
+                   data_eval: list[Example] | None = None,
+                   train: list[Example] | None = None) -> tuple[list[Example], DataConfig]:
     """(the first eval.max_problems problems, the data config they come from).
 
     eval.data set: that dataset's eval split. eval.data null: the eval split of `data_cfg`; `data_eval` is that
     split when the caller already loaded it (the trainer loads it with the training split), else it is read here.
-    `tokenizer` counts prompt tokens for the benchmark's data.max_prompt_tokens.
+    `tokenizer` counts prompt tokens for the benchmark's data.max_prompt_tokens. Problems whose text is also in
+    `train` (the run's training split) are left out before the cut, and counted in one log line.
     """
     if eval_cfg.data is not None:
         data_cfg = data_config_from_dict(eval_cfg.data)
@@ -32,6 +37,13 @@ def load_benchmark(eval_cfg: EvalConfig, data_cfg: DataConfig, seed: int, tokeni
     else:
         # only the eval split: a benchmark run must not need (or download) the training split
         _, examples = load_splits(replace(data_cfg, train_split=None), seed, tokenizer)
+    if train:
+        seen = {example.problem.strip() for example in train}
+        unseen = [example for example in examples if example.problem.strip() not in seen]
+        if len(unseen) < len(examples):
+            log.info("eval %s: left out %d of %d problems that are also in the training split",
+                     eval_cfg.name, len(examples) - len(unseen), len(examples))
+        examples = unseen
     return examples[: eval_cfg.max_problems], data_cfg
 
 

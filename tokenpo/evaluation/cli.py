@@ -100,6 +100,9 @@ def build_eval_run(tree: DictConfig | dict) -> EvalRun:
     model = model_config_for(plain.get("model_path"), plain["dtype"], plain["attn_implementation"],
                              plain["trust_remote_code"])
     eval_cfg = validated(from_dict(EvalConfig, plain["eval"], "eval"))
+    if eval_cfg.extra:
+        raise ConfigError(f"eval.extra lists {len(eval_cfg.extra)} more benchmark(s): tokenpo.evaluate scores one; "
+                          "add eval.extra=[] and evaluate each with its own eval.* settings")
     reward = reward_config_from_dict(plain["reward"])
     for name in DATASET_FIELDS:
         if getattr(reward, name) is not None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from tokenpo.errors import ConfigError
+from tokenpo.schema import from_dict
+
+# keys of the main benchmark that every eval.extra benchmark shares: evaluations happen together
+SHARED_KEYS = ("every_steps", "before_training", "extra")
 
 
 @dataclass
@@ -20,8 +24,32 @@ class EvalConfig:
     max_new_tokens: int | None = None
     pass_k: tuple = (1,)
     batch_size: int = 64
+    before_training: bool = True
+    extra: tuple = ()
+
+    def benchmarks(self) -> list[EvalConfig]:
+        """This benchmark, then each eval.extra entry: this config with the entry's keys replaced."""
+        base = {key: value for key, value in asdict(self).items() if key != "extra"}
+        return [self, *(from_dict(EvalConfig, {**base, **entry}, f"eval.extra[{i}]")
+                        for i, entry in enumerate(self.extra))]
 
     def validate(self) -> None:
+        names = [self.name]
+        for i, entry in enumerate(self.extra):
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                raise ConfigError(f"eval.extra[{i}] must be a mapping of eval keys with a name, got {entry!r}")
+            shared = sorted(set(entry) & set(SHARED_KEYS))
+            if shared:
+                raise ConfigError(f"eval.extra[{i}] sets {', '.join(shared)}: extra benchmarks are evaluated "
+                                  "with the main one, set it on eval")
+            names.append(entry["name"])
+        if len(set(names)) != len(names):
+            raise ConfigError(f"eval.name and eval.extra names must differ (they name the metrics), got {names}")
+        for i, extra in enumerate(self.benchmarks()[1:]):
+            try:
+                extra.validate()
+            except ConfigError as err:
+                raise ConfigError(f"eval.extra[{i}] ({extra.name}): {err}") from None
         if self.every_steps < 0:
             raise ConfigError(f"eval.every_steps must be >= 0, got {self.every_steps}")
         if self.n < 0:

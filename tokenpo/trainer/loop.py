@@ -18,6 +18,7 @@ from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import build_policy_engine, build_reference
 from tokenpo.deepspeed.export import export_hf
 from tokenpo.evaluation.benchmark import load_benchmark
+from tokenpo.evaluation.config import EvalConfig
 from tokenpo.evaluation.run import evaluate, sample_lines
 from tokenpo.logger.run_logger import RunLogger
 from tokenpo.models.loading import load_model
@@ -32,7 +33,8 @@ from tokenpo.trainer.update import train_on_rollouts
 log = logging.getLogger("tokenpo")
 
 
-def eval_benchmark(ctx: RunContext, eval_examples: list[Example], data_cfg: DataConfig, step: int):
+def eval_benchmark(ctx: RunContext, bench: EvalConfig, eval_examples: list[Example], data_cfg: DataConfig,
+                   step: int):
     """Judged as `tokenpo.evaluate` judges the benchmark (benchmark_reward), not with the training reward."""
     cfg = ctx.cfg
     reward = benchmark_reward(cfg.reward, data_cfg)
@@ -45,15 +47,31 @@ def eval_benchmark(ctx: RunContext, eval_examples: list[Example], data_cfg: Data
             ctx.generate,
             lambda ids: ctx.tokenizer.batch_decode(ids, skip_special_tokens=True),
             eval_scorer,
-            cfg.eval,
+            bench,
             (reward.answer_pattern, reward.fallback, reward.reasoning_tag),
-            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+            max_new_tokens=bench.max_new_tokens or cfg.rollout.max_new_tokens,
             stop_token_ids=ctx.stop_token_ids,
             seed=cfg.seed + step,
         )
-    flat = {f"eval/{cfg.eval.name}/{k}": v for k, v in metrics.items()}
-    flat["eval/accuracy"] = metrics["accuracy"]
+    flat = {f"eval/{bench.name}/{k}": v for k, v in metrics.items()}
+    if bench is cfg.eval:  # the main benchmark's accuracy is the run's headline number
+        flat["eval/accuracy"] = metrics["accuracy"]
     return flat, records
+
+
+def evaluate_benchmarks(ctx: RunContext, benchmarks: list, step: int, run_dir: Path, stem: str | None) -> dict:
+    """Every benchmark (eval, then eval.extra) at this step: their metrics merged; with `stem`, each one's records
+    into <stem>.json (the main benchmark) or <stem>.<name>.json."""
+    merged = {}
+    for bench, examples, data_cfg in benchmarks:
+        metrics, records = eval_benchmark(ctx, bench, examples, data_cfg, step)
+        merged.update(metrics)
+        if stem is not None:
+            main = bench is ctx.cfg.eval
+            if main:
+                report_samples(stem.replace("eval_", "") + " training", records, ctx.cfg.trainer.print_samples)
+            write_eval(run_dir / (f"{stem}.json" if main else f"{stem}.{bench.name}.json"), metrics, records)
+    return merged
 
 
 class StopRequest:
@@ -88,7 +106,9 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
     optimizer = build_optimizer(model, cfg.trainer)
     policy = build_policy_engine(model, optimizer, cfg.deepspeed, **sizes)
     train_examples, train_eval = load_splits(cfg.data, cfg.seed, tokenizer)
-    eval_examples, eval_data = load_benchmark(cfg.eval, cfg.data, cfg.seed, tokenizer, train_eval)
+    benchmarks = [(bench, *load_benchmark(bench, cfg.data, cfg.seed, tokenizer, train_eval, train_examples))
+                  for bench in cfg.eval.benchmarks()]
+    benchmarks = [(bench, examples, data_cfg) for bench, examples, data_cfg in benchmarks if examples]
     sampler = PromptSampler(train_examples, cfg.data.prompts_per_step, cfg.seed)
     stop = StopRequest()
     with RewardScorer(cfg.reward_for(cfg.data)) as scorer, \
@@ -111,11 +131,9 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
         if dist.is_main():
             log.info("run dir: %s", run_dir)
             log.info("prompt template: %s", describe_template(cfg.data.template, tokenizer))
-        if start_step == 0 and eval_examples:
-            metrics, records = eval_benchmark(ctx, eval_examples, eval_data, 0)
-            history["eval_before"] = metrics["eval/accuracy"]
-            report_samples("before training", records, cfg.trainer.print_samples)
-            write_eval(run_dir / "eval_before.json", metrics, records)
+        if start_step == 0 and benchmarks and cfg.eval.before_training:
+            metrics = evaluate_benchmarks(ctx, benchmarks, 0, run_dir, "eval_before")
+            history["eval_before"] = metrics.get("eval/accuracy")
             # the training clock starts after this evaluation: the before-training point sits at 0 s
             logger.log(0, {**metrics, "time/elapsed_s": 0.0, "tokens/generated_total": 0.0})
         started = time.perf_counter() - history.get("elapsed_s", 0.0)
@@ -143,13 +161,11 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             metrics["tokens/generated"] = float(rollouts.generated_tokens)
             metrics["tokens/generated_total"] = float(history["generated_tokens"])
             last = step == cfg.trainer.max_steps
-            if eval_examples and (last or (cfg.eval.every_steps and step % cfg.eval.every_steps == 0)):
-                eval_metrics, records = eval_benchmark(ctx, eval_examples, eval_data, step)
+            if benchmarks and (last or (cfg.eval.every_steps and step % cfg.eval.every_steps == 0)):
+                eval_metrics = evaluate_benchmarks(ctx, benchmarks, step, run_dir, "eval_after" if last else None)
                 metrics.update(eval_metrics)
                 if last:
-                    history["eval_after"] = eval_metrics["eval/accuracy"]
-                    report_samples("after training", records, cfg.trainer.print_samples)
-                    write_eval(run_dir / "eval_after.json", eval_metrics, records)
+                    history["eval_after"] = eval_metrics.get("eval/accuracy")
             metrics["time/elapsed_s"] = time.perf_counter() - started
             logger.log(step, metrics)
             history["elapsed_s"] = metrics["time/elapsed_s"]

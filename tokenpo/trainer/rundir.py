@@ -15,6 +15,8 @@ log = logging.getLogger("tokenpo")
 # appended to by every start)
 RESULTS = (".hydra", RESOLVED, "metrics.jsonl", "eval_before.json", "eval_after.json", "summary.json", "final",
            "checkpoints", "wandb")
+# eval.extra benchmarks' records: eval_before.<name>.json, eval_after.<name>.json
+EXTRA_EVALS = "eval_*.*.json"
 # checkpoints that an earlier start set aside (checkpoint.set_aside_stale) belong to the earlier run as well
 EARLIER_CHECKPOINTS = "checkpoints.previous-*"
 
@@ -47,7 +49,7 @@ def set_aside_earlier_run(run_dir: Path) -> Path | None:
     """Move what an earlier run left in `run_dir` into `<run_dir>/results.previous-<time>/` (one log line), so that a
     new run there overwrites none of it; the folder, or None when there was nothing. Rank 0, before the run starts."""
     earlier = [run_dir / name for name in RESULTS if (run_dir / name).exists()]
-    earlier += sorted(run_dir.glob(EARLIER_CHECKPOINTS))
+    earlier += sorted(run_dir.glob(EXTRA_EVALS)) + sorted(run_dir.glob(EARLIER_CHECKPOINTS))
     if not earlier:
         return None
     folder = move_aside(earlier, run_dir / "results")
