@@ -11,8 +11,9 @@
 # summary.json already shows every step is kept, so an interrupted study continues where it stopped; a new
 # STUDY_DIR runs everything again. The untrained model's scores (the same for every run: greedy, same weights)
 # come from one extra run that evaluates before its first step, written to <STUDY_DIR>_base.
-#   STUDY_DIR (outputs/study), STUDY_STEPS (15), STUDY_SEEDS ("0 1 2 3 4"), STUDY_LANES (2), STUDY_DOCS (docs/study:
-#   where the comparison goes). Extra arguments are Hydra overrides for every run.
+#   STUDY_DIR (outputs/study), STUDY_STEPS (15), STUDY_SEEDS ("0 1 2 3 4"), STUDY_GROUPS (one override per group,
+#   space-separated; default the eight above; keep algorithm=grpo, the baseline), STUDY_LANES (2), STUDY_DOCS
+#   (docs/study: where the comparison goes). Extra arguments are Hydra overrides for every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="$(bash scripts/setup.sh | tail -n 1)"
@@ -22,8 +23,8 @@ STEPS="${STUDY_STEPS:-15}"
 LANES="${STUDY_LANES:-2}"
 DOCS="${STUDY_DOCS:-docs/study}"
 read -r -a SEEDS <<< "${STUDY_SEEDS:-0 1 2 3 4}"
-GROUPS_=(algorithm=grpo algorithm=dapo algorithm=gtpo experiment=gtpo/alpha2_0_control algorithm=grpo_s
-         algorithm=tepo algorithm=dr_grpo algorithm=gspo)
+read -r -a GROUPS_ <<< "${STUDY_GROUPS:-algorithm=grpo algorithm=dapo algorithm=gtpo experiment=gtpo/alpha2_0_control \
+algorithm=grpo_s algorithm=tepo algorithm=dr_grpo algorithm=gspo}"
 COMMON=(data=arith_study eval=arith_study data.prompts_per_step=4 rollout.max_new_tokens=24 trainer.threads=1
         "${TESTBED[@]}" "$@")
 

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from tokenpo import CONF_DIR
@@ -17,16 +18,18 @@ REQUIRED_OVERRIDES = {"file": {"path": "data.jsonl"}, "hub": {"hub_id": "me/data
 
 
 def test_the_expected_data_configs_ship():
-    assert {path.stem for path in YAMLS} == {"arith", "gsm8k", "math", "dapo_math_17k", "file", "hub"}
+    assert {path.stem for path in YAMLS} == {"arith", "arith_study", "gsm8k", "math", "dapo_math_17k", "file", "hub"}
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.stem)
 def test_shipped_yaml_validates(path):
-    node = OmegaConf.load(path)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        node = compose(f"data/{path.stem}").data  # composed with the option it starts from, as Hydra hands it over
     for key, value in REQUIRED_OVERRIDES.get(path.stem, {}).items():
         node[key] = value
-    cfg = data_config_from_dict(node)  # a DictConfig, as Hydra hands it over
-    assert cfg.name == path.stem and cfg.loader == path.stem
+    cfg = data_config_from_dict(node)
+    base = (OmegaConf.load(path).get("defaults") or [path.stem])[0]  # a delta keeps its base's loader
+    assert cfg.name == path.stem and cfg.loader == base
 
 
 def test_arith_yaml_is_the_default_curriculum():
