@@ -152,7 +152,13 @@ def test_algorithm_by_seed_sweep_then_compare(tmp_path):
     for name in ("eval_accuracy", "entropy_mean", "reward_mean", "clip_frac"):
         for x_axis in ("step", "time"):
             assert (out / f"{name}_vs_{x_axis}.png").stat().st_size > 10_000
-    assert "| algorithm=grpo | 2 |" in (out / "summary.md").read_text()
+    report = (out / "summary.md").read_text()
+    assert "| algorithm=grpo | 2 |" in report
+    # all four runs recorded one environment, with the thread count they ran at
+    environment = json.loads((runs[0] / "environment.json").read_text())
+    assert len(environment) == 1 and environment[0]["from_step"] == 0 and environment[0]["processes"] == 1
+    assert f"Measured on:\n- {environment[0]['device']} ({environment[0]['cpu_capability']}), " \
+           f"{environment[0]['threads']} thread(s) x 1 process(es)," in report and ": 4 run(s)\n" in report
 
 
 BAD = [

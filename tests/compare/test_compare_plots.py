@@ -1,4 +1,8 @@
-from tokenpo.compare.plots import FIGURES, bench_figures, group_colours, plot_figure
+import numpy as np
+from matplotlib.container import ErrorbarContainer
+from matplotlib.figure import Figure
+
+from tokenpo.compare.plots import FIGURES, bench_figures, draw_group, group_colours, isolated, plot_figure
 from tokenpo.compare.runs import Run
 
 
@@ -50,3 +54,26 @@ def test_runs_without_generated_token_counts_get_no_tokens_figure(tmp_path):
     assert plot_figure(FIGURES[2], groups, group_colours(groups), "time", "ci", tmp_path / "time.png")
     assert not plot_figure(FIGURES[2], groups, group_colours(groups), "tokens", "ci", tmp_path / "tokens.png")
     assert not (tmp_path / "tokens.png").exists()
+
+
+def test_isolated_points_are_the_banded_ones_without_banded_neighbours():
+    banded = np.array([True, False, True, True, False, True, False])
+    assert isolated(banded).tolist() == [True, False, False, False, False, True, False]
+    assert isolated(np.array([True])).tolist() == [True]
+    assert isolated(np.array([False, False])).tolist() == [False, False]
+
+
+def test_banded_points_without_banded_neighbours_get_an_interval_bar():
+    # steps 5 and 15 have a band, 10 none (one run there): the band cannot fill around 5 or 15, so both get a bar
+    axes = Figure().subplots()
+    xs, mean = np.array([5.0, 10.0, 15.0]), np.array([0.5, 0.4, 0.6])
+    low, high = np.array([0.3, np.nan, 0.55]), np.array([0.7, np.nan, 0.62])
+    draw_group(axes, xs, mean, low, high, "#1f77b4", alpha=0.1)
+    (bars,) = axes.containers
+    assert isinstance(bars, ErrorbarContainer)
+    segments = bars.lines[2][0].get_segments()
+    assert np.allclose(segments, [[[5.0, 0.3], [5.0, 0.7]], [[15.0, 0.55], [15.0, 0.62]]])
+    # a band drawn as an area gets no bar
+    axes = Figure().subplots()
+    draw_group(axes, xs, mean, mean - 0.1, mean + 0.1, "#1f77b4", alpha=0.1)
+    assert not axes.containers

@@ -6,6 +6,7 @@ from tokenpo.compare.runs import (
     ALL_RUNS,
     Run,
     discover_run_dirs,
+    environment_lines,
     find_group,
     group_runs,
     load_run,
@@ -100,3 +101,36 @@ def test_baseline_selector_matches_numbers_in_any_spelling():
 
     assert same_value("2e-05", "2e-5") and same_value("0.10", "0.1") and same_value("grpo", "grpo")
     assert not same_value("2e-05", "3e-5") and not same_value(None, "1") and not same_value("grpo", "dapo")
+
+
+def test_environment_lines_name_each_environment_and_warn_when_there_are_several(tmp_path):
+    here = {"device": "AMD EPYC", "cpu_capability": "AVX2", "threads": 1, "processes": 1, "torch": "2.13.0",
+            "transformers": "5.24.0", "deepspeed": "0.19.8"}
+    elsewhere = {**here, "cpu_capability": "AVX512"}
+    one = {"algorithm=grpo": [Run(tmp_path / "a", {}, [], environments=[{"from_step": 0, **here}]),
+                              Run(tmp_path / "b", {}, [], environments=[{"from_step": 0, **here}])]}
+    assert environment_lines(one) == [
+        "- AMD EPYC (AVX2), 1 thread(s) x 1 process(es), torch 2.13.0, transformers 5.24.0, deepspeed 0.19.8: 2 run(s)"
+    ]
+    # a run resumed on another machine counts in both; a run from before the record counts apart
+    mixed = {
+        "algorithm=dapo": [Run(tmp_path / "c", {}, [], environments=[{"from_step": 0, **here},
+                                                                    {"from_step": 4, **elsewhere}])],
+        "algorithm=grpo": [Run(tmp_path / "d", {}, [], environments=[{"from_step": 0, **here}]),
+                           Run(tmp_path / "e", {}, [])],
+    }
+    lines = environment_lines(mixed)
+    assert lines[0].startswith("The runs were measured in 2 environments")
+    assert lines[1].startswith("- AMD EPYC (AVX2), 1 thread(s)") and lines[1].endswith(
+        ": 2 run(s) (algorithm=dapo, algorithm=grpo)")
+    assert lines[2].startswith("- AMD EPYC (AVX512)") and lines[2].endswith(": 1 run(s) (algorithm=dapo)")
+    assert lines[3] == "- 1 run(s) without environment.json (from before tokenpo recorded it)"
+
+
+def test_an_unreadable_environment_file_is_a_note_not_a_failure(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "environment.json").write_text('[{"device": ')
+    run = load_run(run_dir)
+    assert run.environments == []
+    assert any("unreadable environment.json" in problem for problem in run.problems)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tokenpo.models.config import ModelConfig, TinyConfig
-from tokenpo.models.loading import build_tiny_model
+from tokenpo.models.loading import build_tiny_model, enable_activation_checkpointing
 from tokenpo.models.logprobs import activation_checkpointing, left_pad, response_logprobs
 
 VOCAB = 89
@@ -128,7 +128,7 @@ def test_gradient_checkpointing_path_matches(model):
     """With activation recomputation the prompts are repeated instead of sharing a KV cache: same numbers."""
     want_logp, want_entropy = reference(model)
     want = parameter_grads(model, want_logp)
-    model.gradient_checkpointing_enable()
+    enable_activation_checkpointing(model)
     model.train()
     logp, entropy = ours(model, chunk_tokens=7)
     torch.testing.assert_close(logp, want_logp.detach(), atol=1e-5, rtol=0)

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 from tokenpo.compare.plots import EVAL_KEY, FIGURES, TIME_KEY, TOKENS_KEY, plot_all
-from tokenpo.compare.runs import discover_run_dirs, find_group, group_runs, load_run, missing_metric_notes
+from tokenpo.compare.runs import (
+    discover_run_dirs, environment_lines, find_group, group_runs, load_run, missing_metric_notes,
+)
 from tokenpo.compare.significance import RUN_VALUE, compare_to_baseline, significance_markdown, write_significance_csv
 from tokenpo.compare.stats import BANDS
 from tokenpo.compare.table import markdown_report, summarize_group, with_baseline_ratios, write_csv
@@ -88,7 +90,9 @@ def compare(args: argparse.Namespace) -> None:
         (out_dir / "significance.md").write_text(significance)
         write_significance_csv(tables, args.target_metric, baseline, out_dir / "significance.csv")
         written = "summary.md/.csv and significance.md/.csv"
-    report = markdown_report(summaries, notes, args.target_metric, args.target, baseline, significance)
+    report = markdown_report(
+        summaries, notes, args.target_metric, args.target, baseline, significance, environment_lines(groups)
+    )
     (out_dir / "summary.md").write_text(report)
     print(report, end="")
     print(f"wrote {len(figures)} figures, {written} to {out_dir}")

@@ -93,6 +93,31 @@ def axis_label(key: str) -> str:
     return f"{key} ({UNITS[key]})" if key in UNITS else key
 
 
+def isolated(banded: np.ndarray) -> np.ndarray:
+    """The points that have a band while neither neighbour has one: fill_between draws nothing at those."""
+    padded = np.concatenate([[False], banded, [False]])
+    return banded & ~padded[:-2] & ~padded[2:]
+
+
+def draw_group(axes, xs, mean, low, high, colour: str, alpha: float):
+    """One group's mean line and band on axes; returns the line (for the legend)."""
+    (line,) = axes.plot(
+        xs, mean, color=colour, linewidth=1.6, marker="o" if xs.size <= MARKER_MAX_POINTS else None, markersize=3
+    )
+    axes.fill_between(xs, low, high, color=colour, alpha=alpha, linewidth=0)
+    # thin dotted edges keep each band's extent readable where several bands overlap
+    for edge in (low, high):
+        axes.plot(xs, edge, color=colour, linewidth=0.7, linestyle=":", alpha=0.8)
+    # a banded point without banded neighbours (e.g. one eval at the last step) has no area to fill: bar it
+    lone = isolated(np.isfinite(low) & np.isfinite(high))
+    if lone.any():
+        axes.errorbar(
+            xs[lone], mean[lone], yerr=[mean[lone] - low[lone], high[lone] - mean[lone]], fmt="none", ecolor=colour,
+            elinewidth=1.0, capsize=3,
+        )
+    return line
+
+
 def plot_figure(
     spec: FigureSpec, groups: dict[str, list[Run]], colours: dict[str, str], x_axis: str, band: str, path: Path
 ) -> bool:
@@ -113,14 +138,7 @@ def plot_figure(
             if not xs.size:  # e.g. runs from before the trainer logged generated tokens
                 continue
             mean, low, high = reduce_band(matrix, band)
-            (line,) = axes.plot(
-                xs, mean, color=colours[label], linewidth=1.6,
-                marker="o" if xs.size <= MARKER_MAX_POINTS else None, markersize=3,
-            )
-            # thin dotted edges keep each band's extent readable where several bands overlap
-            axes.fill_between(xs, low, high, color=colours[label], alpha=0.2 if len(groups) <= 3 else 0.1, linewidth=0)
-            for edge in (low, high):
-                axes.plot(xs, edge, color=colours[label], linewidth=0.7, linestyle=":", alpha=0.8)
+            line = draw_group(axes, xs, mean, low, high, colours[label], alpha=0.2 if len(groups) <= 3 else 0.1)
             legend.setdefault(f"{label} (n={len(logged)})", line)
         axes.set(xlabel=x_label, ylabel=axis_label(key))
         if x_axis == "step":

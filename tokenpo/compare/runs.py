@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from tokenpo.errors import ConfigError
+from tokenpo.trainer.environment import ENVIRONMENT_FILE
 
 METRICS_FILE = "metrics.jsonl"
 OVERRIDES_FILE = os.path.join(".hydra", "overrides.yaml")
@@ -27,6 +28,8 @@ class Run:
     records: list[dict[str, float]]
     # one-line notes on what was skipped or is missing, for the report
     problems: list[str] = field(default_factory=list)
+    # the numerics environment of each start (environment.json); empty for runs from before tokenpo recorded it
+    environments: list[dict] = field(default_factory=list)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -112,10 +115,54 @@ def load_metrics(run_dir: Path) -> tuple[list[dict[str, float]], list[str]]:
     return [by_step[step] for step in sorted(by_step)], problems
 
 
+def load_environments(run_dir: Path) -> tuple[list[dict], list[str]]:
+    path = run_dir / ENVIRONMENT_FILE
+    if not path.is_file():
+        return [], []
+    try:
+        starts = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        starts = None
+    if not isinstance(starts, list) or not all(isinstance(start, dict) for start in starts):
+        return [], [f"run {run_dir}: unreadable {ENVIRONMENT_FILE}; its environment is not shown"]
+    return starts, []
+
+
 def load_run(run_dir: Path) -> Run:
     overrides, override_problems = load_overrides(run_dir)
     records, metric_problems = load_metrics(run_dir)
-    return Run(run_dir, overrides, records, override_problems + metric_problems)
+    environments, environment_problems = load_environments(run_dir)
+    return Run(run_dir, overrides, records, override_problems + metric_problems + environment_problems, environments)
+
+
+def environment_label(start: dict) -> str:
+    """One start's environment in a line: what must match for its numbers to reproduce."""
+    libraries = ", ".join(f"{name} {start[name]}" for name in ("torch", "transformers", "deepspeed") if name in start)
+    return (f"{start.get('device', '?')} ({start.get('cpu_capability', '?')}), {start.get('threads', '?')} thread(s) "
+            f"x {start.get('processes', '?')} process(es), {libraries}")
+
+
+def environment_lines(groups: dict[str, list[Run]]) -> list[str]:
+    """Where the compared runs were measured: one line per environment with its run count, a warning when there is
+    more than one (the same config and seed reproduce only within one), and the runs that recorded none."""
+    runs_in: dict[str, list[str]] = {}
+    unrecorded = 0
+    for label, runs in groups.items():
+        for run in runs:
+            if not run.environments:
+                unrecorded += 1
+            for environment in dict.fromkeys(environment_label(start) for start in run.environments):
+                runs_in.setdefault(environment, []).append(label)
+    lines = []
+    if len(runs_in) > 1:
+        lines.append(f"The runs were measured in {len(runs_in)} environments; a config and seed give the same numbers "
+                     "only within one (a run resumed elsewhere counts in each):")
+    for environment, labels in sorted(runs_in.items()):
+        named = ", ".join(dict.fromkeys(labels))
+        lines.append(f"- {environment}: {len(labels)} run(s)" + (f" ({named})" if len(runs_in) > 1 else ""))
+    if unrecorded:
+        lines.append(f"- {unrecorded} run(s) without {ENVIRONMENT_FILE} (from before tokenpo recorded it)")
+    return lines
 
 
 def is_averaged(key: str, average_over: list[str]) -> bool:

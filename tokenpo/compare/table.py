@@ -112,10 +112,10 @@ def fmt_tokens(value: float | None) -> str:
 
 def markdown_report(
     summaries: list[GroupSummary], notes: list[str], target_metric: str, target: float, baseline: str | None,
-    significance: str = "",
+    significance: str = "", environment: list[str] | None = None,
 ) -> str:
-    """The summary table, the significance tables against the baseline (when given), and a list of what is
-    missing or was skipped."""
+    """The summary table, the significance tables against the baseline (when given), where the runs were measured,
+    and a list of what is missing or was skipped."""
     reach = f"{target_metric} ≥ {target:g}"
     vs = f"vs {baseline}" if baseline else "vs baseline"
     header = [
@@ -154,6 +154,8 @@ def markdown_report(
                       "baseline did not."]
     if significance:
         lines += ["", f"## Significance vs {baseline}", "", significance.rstrip("\n")]
+    if environment:
+        lines += ["", "Measured on:", *environment]
     if notes:
         lines += ["", "Missing or skipped:", *(f"- {note}" for note in notes)]
     return "\n".join(lines) + "\n"

@@ -182,8 +182,13 @@ def load_model(cfg: ModelConfig, seed: int = 0):
             trust_remote_code=cfg.trust_remote_code,
         )
     if cfg.gradient_checkpointing:
-        # recent transformers renamed it activation_checkpointing_enable (the old name warns); older ones lack it
-        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
+        enable_activation_checkpointing(model)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return tokenizer, model
 
+
+
+def enable_activation_checkpointing(model) -> None:
+    """Recompute activations in the backward pass instead of storing them."""
+    # recent transformers renamed it activation_checkpointing_enable (the old name warns); older ones lack it
+    getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()

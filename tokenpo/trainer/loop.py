@@ -26,6 +26,7 @@ from tokenpo.rewards import RewardScorer
 from tokenpo.rollout.engine import build_engine
 from tokenpo.trainer import checkpoint
 from tokenpo.trainer.context import RunContext, Timings
+from tokenpo.trainer.environment import record_environment
 from tokenpo.trainer.optim import build_optimizer, set_step_lr
 from tokenpo.trainer.rollouts import collect_rollouts, dynamic_sampling_metrics
 from tokenpo.trainer.update import train_on_rollouts
@@ -129,6 +130,7 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
         logger = RunLogger(cfg.logger, run_dir, enabled=dist.is_main(), run_name=run_name, group=group,
                            config=resolved, resume_id=wandb_id)
         if dist.is_main():
+            record_environment(run_dir, start_step, dist.world_size())
             log.info("run dir: %s", run_dir)
             log.info("prompt template: %s", describe_template(cfg.data.template, tokenizer))
         if start_step == 0 and benchmarks and cfg.eval.before_training:

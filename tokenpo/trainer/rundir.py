@@ -7,14 +7,15 @@ import os
 import time
 from pathlib import Path
 
+from tokenpo.trainer.environment import ENVIRONMENT_FILE
 from tokenpo.trainer.launch import RESOLVED
 
 log = logging.getLogger("tokenpo")
 
 # what a run writes into its run dir; train.log stays where it is (Hydra's log file, open before any of this runs,
 # appended to by every start)
-RESULTS = (".hydra", RESOLVED, "metrics.jsonl", "eval_before.json", "eval_after.json", "summary.json", "final",
-           "checkpoints", "wandb")
+RESULTS = (".hydra", RESOLVED, ENVIRONMENT_FILE, "metrics.jsonl", "eval_before.json", "eval_after.json",
+           "summary.json", "final", "checkpoints", "wandb")
 # eval.extra benchmarks' records: eval_before.<name>.json, eval_after.<name>.json
 EXTRA_EVALS = "eval_*.*.json"
 # checkpoints that an earlier start set aside (checkpoint.set_aside_stale) belong to the earlier run as well
