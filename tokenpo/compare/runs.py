@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from tokenpo.errors import ConfigError
-from tokenpo.trainer.environment import ENVIRONMENT_FILE
+from tokenpo.trainer.environment import ENVIRONMENT_FILE, LIBRARIES, read_environments
 
 METRICS_FILE = "metrics.jsonl"
 OVERRIDES_FILE = os.path.join(".hydra", "overrides.yaml")
@@ -115,29 +115,19 @@ def load_metrics(run_dir: Path) -> tuple[list[dict[str, float]], list[str]]:
     return [by_step[step] for step in sorted(by_step)], problems
 
 
-def load_environments(run_dir: Path) -> tuple[list[dict], list[str]]:
-    path = run_dir / ENVIRONMENT_FILE
-    if not path.is_file():
-        return [], []
-    try:
-        starts = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        starts = None
-    if not isinstance(starts, list) or not all(isinstance(start, dict) for start in starts):
-        return [], [f"run {run_dir}: unreadable {ENVIRONMENT_FILE}; its environment is not shown"]
-    return starts, []
-
-
 def load_run(run_dir: Path) -> Run:
     overrides, override_problems = load_overrides(run_dir)
     records, metric_problems = load_metrics(run_dir)
-    environments, environment_problems = load_environments(run_dir)
-    return Run(run_dir, overrides, records, override_problems + metric_problems + environment_problems, environments)
+    problems = override_problems + metric_problems
+    environments = read_environments(run_dir)
+    if environments is None:
+        problems.append(f"run {run_dir}: unreadable {ENVIRONMENT_FILE}; its environment is not shown")
+    return Run(run_dir, overrides, records, problems, environments or [])
 
 
 def environment_label(start: dict) -> str:
     """One start's environment in a line: what must match for its numbers to reproduce."""
-    libraries = ", ".join(f"{name} {start[name]}" for name in ("torch", "transformers", "deepspeed") if name in start)
+    libraries = ", ".join(f"{name} {start[name]}" for name in LIBRARIES if name in start)
     return (f"{start.get('device', '?')} ({start.get('cpu_capability', '?')}), {start.get('threads', '?')} thread(s) "
             f"x {start.get('processes', '?')} process(es), {libraries}")
 

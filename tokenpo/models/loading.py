@@ -187,7 +187,6 @@ def load_model(cfg: ModelConfig, seed: int = 0):
     return tokenizer, model
 
 
-
 def enable_activation_checkpointing(model) -> None:
     """Recompute activations in the backward pass instead of storing them."""
     # recent transformers renamed it activation_checkpointing_enable (the old name warns); older ones lack it

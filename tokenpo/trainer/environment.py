@@ -47,18 +47,25 @@ def numerics_environment(world_size: int) -> dict[str, str | int]:
     }
 
 
+def read_environments(run_dir: Path) -> list[dict] | None:
+    """The starts recorded in <run dir>/environment.json: [] when there is none, None when it is unreadable (not
+    a JSON list of objects)."""
+    path = run_dir / ENVIRONMENT_FILE
+    if not path.is_file():
+        return []
+    try:
+        starts = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return starts if isinstance(starts, list) and all(isinstance(start, dict) for start in starts) else None
+
+
 def record_environment(run_dir: Path, start_step: int, world_size: int) -> None:
     """Append this start's environment to <run dir>/environment.json, a list with one entry per start (a resumed
     run keeps the earlier starts', so a resume on another machine shows in the record)."""
-    path = run_dir / ENVIRONMENT_FILE
-    starts = []
-    if path.is_file():
-        try:
-            starts = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            starts = None
-        if not isinstance(starts, list):
-            log.warning("%s is not a JSON list of starts: replaced by this start's environment", path)
-            starts = []
+    starts = read_environments(run_dir)
+    if starts is None:
+        log.warning("%s is not a JSON list of starts: replaced by this start's environment", run_dir / ENVIRONMENT_FILE)
+        starts = []
     starts.append({"from_step": start_step, **numerics_environment(world_size)})
-    path.write_text(json.dumps(starts, indent=1))
+    (run_dir / ENVIRONMENT_FILE).write_text(json.dumps(starts, indent=1))
