@@ -29,6 +29,7 @@ class RewardConfig:
     reasoning_tag: str | None = "think"
     format_weight: float = 0.0
     timeout_s: float = 5.0
+    decimal_tolerance: float | None = None
     num_workers: int = 2
     worker_max_items: int | None = 1000
     worker_max_rss_mb: int | None = 512
@@ -47,6 +48,12 @@ class RewardConfig:
         # below a second, ordinary answers on a loaded machine start to time out
         if not _is_number(self.timeout_s) or not self.timeout_s >= 1:
             raise ConfigError(f"reward.timeout_s must be a number of seconds >= 1, got {self.timeout_s!r}")
+        if self.decimal_tolerance is not None and not (
+            _is_number(self.decimal_tolerance) and math.isfinite(self.decimal_tolerance) and self.decimal_tolerance >= 0
+        ):
+            raise ConfigError(
+                f"reward.decimal_tolerance must be null or a finite number >= 0, got {self.decimal_tolerance!r}"
+            )
         if not _is_positive_int(self.num_workers):
             raise ConfigError(f"reward.num_workers must be an integer >= 1, got {self.num_workers!r}")
         for name in ("worker_max_items", "worker_max_rss_mb"):

@@ -103,7 +103,7 @@ class RewardScorer:
                 )
         if cfg.fn is not None:
             load_reward_fn(cfg.fn)  # a bad path fails here, at start-up, rather than in every worker
-        judge_kwargs = {name: getattr(cfg, name) for name in (*DATASET_FIELDS, "reasoning_tag", "timeout_s")}
+        judge_kwargs = {name: getattr(cfg, name) for name in (*DATASET_FIELDS, "reasoning_tag", "timeout_s", "decimal_tolerance")}
         self._worker_args = (cfg.fn, judge_kwargs)
         self._item_limit_s = cfg.timeout_s + KILL_GRACE_S
         self._max_items = cfg.worker_max_items

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from math_verify import parse as math_verify_parse
+from sympy import Float, Rational, Tuple
 from math_verify import verify as math_verify_equal
 from math_verify.errors import TimeoutException
 
@@ -87,7 +88,36 @@ def _number_verdict(answer: str | None, gold: str) -> str:
     return CORRECT if value == gold_value else WRONG
 
 
-def _expression_verdict(answer: str | None, gold: str) -> str:
+def _exact_decimals(expr):
+    """`expr` with each decimal literal replaced by the fraction it writes (0.333333 -> 333333/1000000)."""
+    return expr.xreplace({f: Rational(str(f)) for f in expr.atoms(Float)})
+
+
+def _within(gold, answer, tolerance: float) -> bool:
+    """True if `answer` is a number (or a tuple of them) within `tolerance` of `gold`'s, entry by entry."""
+    if isinstance(gold, Tuple) and isinstance(answer, Tuple):
+        return len(gold) == len(answer) and all(_within(g, a, tolerance) for g, a in zip(gold, answer))
+    difference = (gold - answer).evalf() if getattr(gold, "is_number", False) and answer.is_number else None
+    return difference is not None and difference.is_real is True and abs(difference) <= tolerance
+
+
+def _pair_matches(gold_item, answer_item, decimal_tolerance: float | None) -> bool:
+    """math-verify equivalence, except that a decimal answer meets an exact gold (no decimals) only exactly.
+
+    math-verify rounds floats to 6 places, so 0.333333 would match 1/3 and 1.414214 would match sqrt(2): a rounded
+    decimal a policy can learn in place of the exact answer. Here the answer's decimals are read as the fractions
+    they write (0.5 is 1/2 and still matches), unless `decimal_tolerance` (> 0) accepts a number that close.
+    """
+    exact_gold = hasattr(gold_item, "atoms") and not gold_item.atoms(Float)
+    if not (exact_gold and hasattr(answer_item, "atoms") and answer_item.atoms(Float)):
+        return math_verify_equal(gold_item, answer_item, timeout_seconds=None, raise_on_error=True)
+    exact_answer = _exact_decimals(answer_item)
+    if math_verify_equal(gold_item, exact_answer, timeout_seconds=None, raise_on_error=True):
+        return True
+    return bool(decimal_tolerance) and _within(gold_item, exact_answer, decimal_tolerance)
+
+
+def _expression_verdict(answer: str | None, gold: str, decimal_tolerance: float | None = None) -> str:
     gold_parsed = _math_verify_parse(gold)
     if not gold_parsed:
         return GOLD_INVALID
@@ -101,7 +131,7 @@ def _expression_verdict(answer: str | None, gold: str) -> str:
         for answer_item in answer_parsed:
             # one pair at a time, so a pair that errors does not hide a later pair that matches
             try:
-                if math_verify_equal(gold_item, answer_item, timeout_seconds=None, raise_on_error=True):
+                if _pair_matches(gold_item, answer_item, decimal_tolerance):
                     return CORRECT
             except Exception:
                 continue
@@ -117,12 +147,14 @@ def judge(
     answer_pattern: str = "boxed",
     reasoning_tag: str | None = "think",
     timeout_s: float = 5.0,
+    decimal_tolerance: float | None = None,
 ) -> str:
     """Verdict (see tokenpo.rewards.verdicts) on `response`'s final answer against `gold`.
 
     Only `response` is read, only after its last `</reasoning_tag>`, and only at `answer_pattern` (else
     `fallback`). `timeout_s` bounds math-verify's work in the main thread; in other threads use
-    RewardScorer for a hard limit.
+    RewardScorer for a hard limit. Under `expression`, a decimal answer matches an exact gold (1/3, sqrt(2), pi)
+    only when it equals it (0.5 for 1/2), or when it lies within `decimal_tolerance` of it (null/0 = exact only).
     """
     if not isinstance(response, str):
         raise TypeError(f"response must be a str, got {type(response).__name__}")
@@ -136,7 +168,7 @@ def judge(
         return _number_verdict(answer, gold)
     try:
         with _time_limit(timeout_s):
-            return _expression_verdict(answer, gold)
+            return _expression_verdict(answer, gold, decimal_tolerance)
     except TimeoutException:
         return TIMEOUT
 
@@ -150,6 +182,7 @@ def verify(
     answer_pattern: str = "boxed",
     reasoning_tag: str | None = "think",
     timeout_s: float = 5.0,
+    decimal_tolerance: float | None = None,
 ) -> bool | None:
     """True if `response`'s final answer equals `gold`, False if not or absent, None if `gold` cannot be parsed."""
     verdict = judge(
@@ -160,6 +193,7 @@ def verify(
         answer_pattern=answer_pattern,
         reasoning_tag=reasoning_tag,
         timeout_s=timeout_s,
+        decimal_tolerance=decimal_tolerance,
     )
     if verdict == GOLD_INVALID:
         return None
