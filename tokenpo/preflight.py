@@ -112,9 +112,9 @@ def multirun_mode(config_name: str, overrides: list[str]) -> bool:
     return tree.hydra.mode == RunMode.MULTIRUN
 
 
-def compose_and_validate(config_name: str, overrides: list[str]) -> None:
+def compose_and_validate(config_name: str, overrides: list[str]) -> TrainConfig:
     try:
-        build_config(compose(config_name, overrides=overrides))
+        return build_config(compose(config_name, overrides=overrides))
     except MissingConfigException as err:
         first_line = str(err).splitlines()[0]
         group = (err.missing_cfg_file or "").rpartition("/")[0]

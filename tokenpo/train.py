@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from tokenpo import CONF_DIR
 from tokenpo.config import build_config
 from tokenpo.errors import ConfigError
+from tokenpo.plan.memory import check_memory_plan
 from tokenpo.preflight import check_command_line, check_inputs
 from tokenpo.trainer import rundir
 
@@ -56,6 +57,7 @@ def hydra_main(tree: DictConfig) -> float | None:
                               f"launcher (WORLD_SIZE={world}) leave trainer.nproc at 1")
         # before any process starts or loads a model
         cfg.validate_batch(max(world, cfg.trainer.nproc))
+        check_memory_plan(cfg, max(world, cfg.trainer.nproc))
         run_dir, name, group = run_identity()
         check_inputs(cfg, run_dir)
     except ConfigError as err:

@@ -16,6 +16,7 @@ class DeepSpeedConfig:
     overlap_comm: bool = False
     reduce_bucket_size: int = 50_000_000
     stage3_prefetch_bucket_size: int = 50_000_000
+    stage3_max_live_parameters: int = 1_000_000_000
     backend: str = "auto"
 
     def validate(self) -> None:
@@ -39,6 +40,7 @@ def engine_json(cfg: DeepSpeedConfig, *, micro_batch_size: int, world_size: int,
     zero: dict = {"stage": cfg.stage, "reduce_bucket_size": cfg.reduce_bucket_size, "overlap_comm": cfg.overlap_comm}
     if cfg.stage == 3:
         zero["stage3_prefetch_bucket_size"] = cfg.stage3_prefetch_bucket_size
+        zero["stage3_max_live_parameters"] = cfg.stage3_max_live_parameters
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     if cfg.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}

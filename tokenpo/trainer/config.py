@@ -27,6 +27,7 @@ class TrainerConfig:
     threads: int = 0
     logit_chunk_tokens: int = 1024
     recompute_head: bool = False
+    memory_limit: int | str | None = None
     print_samples: int = 4
 
     def validate(self) -> None:
@@ -41,5 +42,9 @@ class TrainerConfig:
             raise ConfigError(f"trainer.lr must be > 0, got {self.lr}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"trainer.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        if self.memory_limit is not None:
+            from tokenpo.plan.units import parse_bytes
+
+            parse_bytes(self.memory_limit, "trainer.memory_limit")
         if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
             raise ConfigError(f"trainer.adam_betas must be two numbers in [0, 1), got {list(self.adam_betas)}")

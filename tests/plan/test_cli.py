@@ -1,0 +1,90 @@
+"""`python -m tokenpo.plan`: the overrides of tokenpo.train, text and JSON output, suggestions that fit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tokenpo.plan.cli import compose_train_config, main
+from tokenpo.plan.memory import build_plan
+from tokenpo.plan.units import parse_bytes
+
+TINY_PARAMS = 3_227_968  # 49152 x 64 embeddings (tied) + 2 x 41088 per layer + 64
+
+
+def plan_json(capsys, *argv: str) -> dict:
+    main([*argv, "--json"])
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_holds_the_total_and_every_part(capsys):
+    out = plan_json(capsys, "model=tiny", "--prompt-tokens", "40")
+    parts = out["parts"]
+    assert out["parameters"] == TINY_PARAMS
+    assert parts["policy weights"]["bytes"] == 4 * TINY_PARAMS
+    assert parts["gradients"]["bytes"] == 4 * TINY_PARAMS
+    assert parts["optimizer states"]["bytes"] == 8 * TINY_PARAMS
+    assert parts["fp32 master weights"]["bytes"] == 0
+    assert parts["KL reference"]["bytes"] == 4 * TINY_PARAMS  # GRPO's beta = 0.04
+    by_phase = {phase: sum(p["bytes"] for p in parts.values() if p["phase"] == phase)
+                for phase in ("always", "generation", "update")}
+    assert out["total_bytes"] == by_phase["always"] + max(by_phase["generation"], by_phase["update"])
+    assert out["shapes"] == {"world": 1, "prompt_tokens": 40, "new_tokens": 32, "rollout_rows": 32, "micro_rows": 32,
+                             "micro_groups": 8}
+    assert out["fits"] is None  # no device given, no CUDA device here
+
+
+def test_zero_stage_and_processes_shard_the_states(capsys):
+    out = plan_json(capsys, "model=tiny", "deepspeed=zero3", "trainer.nproc=2", "algorithm.loss.kl_coef=0")
+    parts, half = out["parts"], -(-TINY_PARAMS // 2)
+    assert parts["policy weights"]["bytes"] == 4 * half
+    assert parts["gradients"]["bytes"] == 4 * (half + 50_000_000)
+    assert parts["optimizer states"]["bytes"] == 8 * half
+    assert parts["fp32 master weights"]["bytes"] == 8 * half
+    assert parts["KL reference"]["bytes"] == 0
+    assert out["shapes"]["world"] == 2 and out["shapes"]["rollout_rows"] == 16
+
+
+def test_the_suggested_change_fits_when_applied(capsys):
+    overrides = ["model=tiny", "trainer.micro_batch_size=64", "data.prompts_per_step=16", "rollout.max_new_tokens=256"]
+    base = plan_json(capsys, *overrides)["total_bytes"]
+    out = plan_json(capsys, *overrides, "--device-memory", str(base - 1))
+    assert out["fits"] is False and out["suggestions"]
+    for suggestion in out["suggestions"]:
+        assert suggestion["total_bytes"] < base
+        changed = compose_train_config([*overrides, *suggestion["change"].split()])
+        assert build_plan(changed, 1).total_bytes == suggestion["total_bytes"]
+    assert out["suggestions"][0]["change"].startswith("trainer.micro_batch_size=")
+
+
+def test_text_output_says_whether_it_fits(capsys):
+    main(["model=tiny", "--device-memory", "1TiB"])
+    text = capsys.readouterr().out
+    assert "policy weights" in text and "of 1.00 TiB device memory: fits" in text
+
+
+def test_paper_setup_plans_offline_from_the_shipped_config(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # nothing cached: the shipped config.json serves
+    out = plan_json(capsys, "experiment=paper/gtpo_qwen2_5_7b", "--device-memory", "80GiB")
+    assert out["parameters"] == 7_615_616_512 and out["architecture"].endswith("conf/model/configs/qwen2_5_7b.json")
+    assert out["shapes"]["world"] == 8 and out["shapes"]["prompt_tokens"] == 2048
+
+
+def test_bad_override_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["trainer.micro_batch_size=0"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == "tokenpo.plan: error: trainer.micro_batch_size must be >= 1, got 0"
+
+
+@pytest.mark.parametrize("text, expected", [("80GiB", 80 * 2**30), ("80GB", 80 * 10**9), ("1.5 MiB", 3 * 2**19),
+                                            (1024, 1024), ("2e9", 2 * 10**9)])
+def test_byte_counts(text, expected):
+    assert parse_bytes(text, "k") == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "80 parsecs", "-1", "0"])
+def test_bad_byte_counts_name_the_key(text):
+    with pytest.raises(Exception, match="^trainer.memory_limit must be"):
+        parse_bytes(text, "trainer.memory_limit")

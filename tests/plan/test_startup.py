@@ -1,0 +1,36 @@
+"""tokenpo.train prints the plan's total at start-up and refuses, in one line and before any model loads, a run
+whose plan exceeds trainer.memory_limit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tokenpo.plan import build_plan, format_bytes
+from tokenpo.plan.cli import compose_train_config
+
+from test_train_cli import GUARDED_TRAIN, REPO, start_error
+
+
+def test_a_plan_over_the_memory_limit_stops_before_the_model_loads(tmp_path):
+    total = build_plan(compose_train_config(["model=tiny"]), 1).total_bytes
+    error = start_error(tmp_path, "model=tiny", f"trainer.memory_limit={total - 1}")
+    assert error.startswith(f"tokenpo: error: memory plan: {format_bytes(total)} per process exceeds "
+                            f"trainer.memory_limit {format_bytes(total - 1)}; suggested: trainer.micro_batch_size=16")
+
+
+def test_a_bad_memory_limit_names_the_key(tmp_path):
+    error = start_error(tmp_path, "model=tiny", "trainer.memory_limit=lots")
+    assert "trainer.memory_limit must be a byte count such as 85899345920, 80GiB or 80GB, got 'lots'" in error
+
+
+def test_a_plan_within_the_limit_prints_its_total_and_goes_on(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
+                                                                     os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", GUARDED_TRAIN, "model=tiny", "logger.mode=disabled",
+                           "trainer.memory_limit=80GiB", f"hydra.run.dir={tmp_path / 'run'}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "memory plan: " in line]
+    assert len(lines) == 1, proc.stdout + proc.stderr and "per process at the update phase's peak of 80.00 GiB (trainer.memory_limit)" in lines[0]

@@ -1,0 +1,3 @@
+from tokenpo.plan.cli import main
+
+main()

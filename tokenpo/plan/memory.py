@@ -1,0 +1,285 @@
+"""A run's memory plan: the parts (tokenpo.plan.parts) for the composed config, the peak per process, and the
+smallest listed change that fits when it does not."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass, field
+
+from tokenpo import algorithms as alg
+from tokenpo.config import TrainConfig
+from tokenpo.errors import ConfigError
+from tokenpo.plan import parts as P
+from tokenpo.plan.architecture import Architecture, model_architecture, num_parameters
+from tokenpo.plan.units import format_bytes, parse_bytes
+
+log = logging.getLogger("tokenpo")
+
+# prompt length assumed when data.max_prompt_tokens does not cap it and the caller does not know it
+DEFAULT_PROMPT_TOKENS = 512
+# the linear layers of a decoder layer, as PEFT's "all-linear" finds them (the output layer excluded)
+LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class Shapes:
+    """The largest shapes a run meets, per process."""
+
+    world: int
+    prompt_tokens: int
+    new_tokens: int
+    rollout_rows: int  # sequences one process generates at once
+    micro_rows: int  # sequences of the largest micro-batch
+    micro_groups: int  # prompts (groups) of the largest micro-batch
+
+
+@dataclass
+class MemoryPlan:
+    parts: list[P.Part]
+    shapes: Shapes
+    params: int
+    trainable_params: int
+    architecture_source: str
+    device_memory: int | None
+    suggestions: list[tuple[str, int]] = field(default_factory=list)
+
+    def phase_bytes(self, phase: str) -> int:
+        return sum(part.bytes for part in self.parts if part.phase == phase)
+
+    @property
+    def peak_phase(self) -> str:
+        return P.GENERATION if self.phase_bytes(P.GENERATION) > self.phase_bytes(P.UPDATE) else P.UPDATE
+
+    @property
+    def total_bytes(self) -> int:
+        return self.phase_bytes(P.ALWAYS) + max(self.phase_bytes(P.GENERATION), self.phase_bytes(P.UPDATE))
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(part.host_bytes for part in self.parts)
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.device_memory is None else self.total_bytes <= self.device_memory
+
+    def as_json(self) -> dict:
+        return {
+            "total_bytes": self.total_bytes,
+            "device_memory_bytes": self.device_memory,
+            "fits": self.fits,
+            "peak_phase": self.peak_phase,
+            "host_bytes": self.host_bytes,
+            "parameters": self.params,
+            "trainable_parameters": self.trainable_params,
+            "architecture": self.architecture_source,
+            "shapes": dataclasses.asdict(self.shapes),
+            "parts": {part.name: {"bytes": part.bytes, "phase": part.phase, "host_bytes": part.host_bytes,
+                                  "note": part.note} for part in self.parts},
+            "suggestions": [{"change": change, "total_bytes": total} for change, total in self.suggestions],
+        }
+
+
+def lora_rank(cfg: TrainConfig) -> int:
+    return getattr(getattr(cfg.model, "lora", None), "rank", 0)
+
+
+def lora_parameters(arch: Architecture, cfg: TrainConfig) -> int:
+    """Adapter parameters: rank x (fan-in + fan-out) for every targeted linear layer of every decoder layer."""
+    rank = lora_rank(cfg)
+    targets = cfg.model.lora.target_modules
+    names = LINEAR_MODULES if isinstance(targets, str) else [t for t in targets if t in LINEAR_MODULES]
+    h, q, kv, i = arch.hidden_size, arch.q_dim, arch.kv_dim, arch.intermediate_size
+    shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i),
+              "up_proj": (h, i), "down_proj": (i, h)}
+    return arch.num_layers * sum(rank * sum(shapes[name]) for name in names)
+
+
+def run_shapes(cfg: TrainConfig, world: int, prompt_tokens: int | None) -> Shapes:
+    """Worst case: the longest prompt, every response at max_new_tokens; the largest generate call and the
+    largest micro-batch (tokenpo.trainer.batch.group_micro_batches) one process meets."""
+    g = cfg.rollout.group_size
+    prompt = prompt_tokens or cfg.data.max_prompt_tokens or DEFAULT_PROMPT_TOKENS
+    drawn = cfg.data.prompts_per_step
+    ds = cfg.algorithm.dynamic_sampling
+    if ds.enabled:
+        drawn = alg.prompts_per_round(drawn, ds.oversample, world)
+    groups_per_update = max(1, cfg.data.prompts_per_step // (world * cfg.trainer.mini_batches))
+    micro_groups = min(max(1, cfg.trainer.micro_batch_size // g), groups_per_update)
+    return Shapes(world=world, prompt_tokens=prompt, new_tokens=cfg.rollout.max_new_tokens,
+                  rollout_rows=math.ceil(drawn / world) * g, micro_rows=micro_groups * g, micro_groups=micro_groups)
+
+
+def build_plan(cfg: TrainConfig, world: int, device_memory: int | None = None, prompt_tokens: int | None = None,
+               suggest: bool = True) -> MemoryPlan:
+    arch, source = model_architecture(cfg.model)
+    plan = plan_for(cfg, arch, source, world, device_memory, prompt_tokens)
+    if suggest and plan.fits is False:
+        plan.suggestions = suggestions(cfg, arch, source, world, device_memory, prompt_tokens)
+    return plan
+
+
+def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, device_memory: int | None,
+             prompt_tokens: int | None) -> MemoryPlan:
+    ds, shapes = cfg.deepspeed, run_shapes(cfg, world, prompt_tokens)
+    params = num_parameters(arch)
+    model_elem = P.DTYPE_BYTES[cfg.model.dtype]
+    elem = 2 if ds.precision == "bf16" else model_elem
+    lora = lora_rank(cfg) > 0
+    trainable = lora_parameters(arch, cfg) if lora else params
+    offload_opt = ds.offload_optimizer
+    parts = [
+        P.policy_weights(params + (trainable if lora else 0), elem, ds.stage, world, ds.offload_param),
+        P.gradients(trainable, elem, ds.stage, world, ds.reduce_bucket_size if ds.stage >= 2 else 0),
+        P.optimizer_states(trainable, ds.stage, world, offload_opt),
+        P.master_weights(trainable, ds.stage, world, ds.precision, offload_opt),
+        P.reference_weights(params, model_elem, ds.stage, world, alg.needs_reference(cfg.algorithm), lora),
+    ]
+    rollout = cfg.rollout
+    if rollout.engine == "vllm":
+        v = rollout.vllm
+        vllm_elem = model_elem if v.dtype == "auto" else P.DTYPE_BYTES[v.dtype]
+        parts.append(P.vllm_rollout(params, vllm_elem, v.kv_cache_gib, v.gpu_memory_utilization, device_memory,
+                                    v.sleep_mode))
+    else:
+        parts.append(P.hf_rollout(arch, shapes.rollout_rows, shapes.prompt_tokens, shapes.new_tokens, elem))
+    parts.append(P.activations(arch, shapes.micro_rows, shapes.micro_groups, shapes.prompt_tokens,
+                               shapes.new_tokens, elem, cfg.model.gradient_checkpointing))
+    parts.append(P.head_chunks(arch, shapes.micro_rows * shapes.new_tokens, cfg.trainer.logit_chunk_tokens,
+                               cfg.trainer.recompute_head, alg.needs_entropy_grad(cfg.algorithm)))
+    parts += P.zero3_gather(params, elem, ds.stage, world, ds.stage3_prefetch_bucket_size,
+                            ds.stage3_max_live_parameters, rollout.engine == "hf")
+    return MemoryPlan(parts, shapes, params, trainable, source, device_memory)
+
+
+def with_values(cfg: TrainConfig, **changes) -> TrainConfig:
+    """A copy of `cfg` with `group__key=value` changes (e.g. deepspeed__stage=3)."""
+    out = dataclasses.replace(cfg)
+    for key, value in changes.items():
+        group, name = key.split("__")
+        setattr(out, group, dataclasses.replace(getattr(out, group), **{name: value}))
+    return out
+
+
+def smaller_micro_batches(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
+    sizes = [cfg.trainer.micro_batch_size // 2**k for k in range(1, cfg.trainer.micro_batch_size.bit_length())]
+    return [(f"trainer.micro_batch_size={size}", with_values(cfg, trainer__micro_batch_size=size)) for size in sizes]
+
+
+def activation_checkpointing(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
+    if cfg.model.gradient_checkpointing:
+        return []
+    return [("model.gradient_checkpointing=true", with_values(cfg, model__gradient_checkpointing=True))]
+
+
+def head_recompute(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
+    if cfg.trainer.recompute_head:
+        return []
+    return [("trainer.recompute_head=true", with_values(cfg, trainer__recompute_head=True))]
+
+
+def higher_zero_stage(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
+    return [(f"deepspeed=zero{stage}", with_values(cfg, deepspeed__stage=stage))
+            for stage in range(cfg.deepspeed.stage + 1, 4)]
+
+
+def offload(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
+    ds, options = cfg.deepspeed, []
+    if ds.stage >= 1 and not ds.offload_optimizer:
+        options.append(("deepspeed.offload_optimizer=true", with_values(cfg, deepspeed__offload_optimizer=True)))
+    if not ds.offload_param:
+        zero3 = dataclasses.replace(ds, stage=3, offload_optimizer=True, offload_param=True)
+        options.append(("deepspeed=zero3_offload", dataclasses.replace(cfg, deepspeed=zero3)))
+    return options
+
+
+def rollout_memory(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
+    """hf: vLLM instead, whose paged KV cache holds what fits in its share and schedules the rest; vLLM sized by
+    its share of the device: a smaller share."""
+    r = cfg.rollout
+    if r.engine == "hf":
+        vllm = dataclasses.replace(r, engine="vllm", vllm=dataclasses.replace(r.vllm, kv_cache_gib=None))
+        return [("rollout=vllm rollout.vllm.kv_cache_gib=null", dataclasses.replace(cfg, rollout=vllm))]
+    if r.vllm.kv_cache_gib is not None:
+        return []
+    shares = [round(r.vllm.gpu_memory_utilization - 0.05 * k, 2) for k in range(1, 20)]
+    return [(f"rollout.vllm.gpu_memory_utilization={u}", dataclasses.replace(
+        cfg, rollout=dataclasses.replace(r, vllm=dataclasses.replace(r.vllm, gpu_memory_utilization=u))))
+        for u in shares if u > 0]
+
+
+def lora_adapters(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
+    m = cfg.model
+    if not hasattr(m, "lora") or lora_rank(cfg) > 0:
+        return []
+    return [("model.lora.rank=16", dataclasses.replace(cfg, model=dataclasses.replace(
+        m, lora=dataclasses.replace(m.lora, rank=16))))]
+
+
+# the listed changes, in the order a suggestion prefers them; each gives its options mildest first
+CHANGES = (smaller_micro_batches, activation_checkpointing, head_recompute, higher_zero_stage, offload,
+           rollout_memory, lora_adapters)
+
+
+def suggestions(cfg: TrainConfig, arch: Architecture, source: str, world: int, device_memory: int,
+                prompt_tokens: int | None) -> list[tuple[str, int]]:
+    """For each listed change (CHANGES), its mildest option that fits, with the total it gives; the first is the
+    suggestion. When none fits alone: the changes' strongest options applied one after another, up to the first
+    combination that fits (nothing when even all of them do not)."""
+    def total(changed: TrainConfig) -> int:
+        return plan_for(changed, arch, source, world, device_memory, prompt_tokens).total_bytes
+
+    found = []
+    for change_kind in CHANGES:
+        fitting = [(change, total(changed)) for change, changed in change_kind(cfg)]
+        fitting = [(change, bytes_) for change, bytes_ in fitting if bytes_ <= device_memory]
+        found += fitting[:1]
+    if found:
+        return found
+    applied, changed = [], cfg
+    for change_kind in CHANGES:
+        options = change_kind(changed)
+        if options:
+            change, changed = options[-1]
+            applied.append(change)
+            if total(changed) <= device_memory:
+                return [(" ".join(applied), total(changed))]
+    return []
+
+
+def cuda_memory() -> int | None:
+    """The CUDA device's memory in bytes, or None without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+
+
+def memory_limit(cfg: TrainConfig) -> int | None:
+    """What one process may use: trainer.memory_limit, else the CUDA device's memory (None on CPU: no limit)."""
+    if cfg.trainer.memory_limit is not None:
+        return parse_bytes(cfg.trainer.memory_limit, "trainer.memory_limit")
+    return cuda_memory()
+
+
+def check_memory_plan(cfg: TrainConfig, world: int) -> MemoryPlan | None:
+    """Start-up, before any model loads: the plan's total in one line; ConfigError (one line) when it exceeds
+    the memory a process may use. A model whose config.json cannot be found offline is not planned (a warning)."""
+    limit = memory_limit(cfg)
+    try:
+        plan = build_plan(cfg, world, limit)
+    except ConfigError as err:
+        log.warning("memory plan: not computed (%s)", err)
+        return None
+    where = "trainer.memory_limit" if cfg.trainer.memory_limit is not None else "the CUDA device's memory"
+    of_limit = "" if limit is None else f" of {format_bytes(limit)} ({where})"
+    log.info("memory plan: %s per process at the %s phase's peak%s; python -m tokenpo.plan <the same overrides> "
+             "lists its parts", format_bytes(plan.total_bytes), plan.peak_phase, of_limit)
+    if plan.fits is False:
+        hint = (f"suggested: {plan.suggestions[0][0]} (plan {format_bytes(plan.suggestions[0][1])})"
+                if plan.suggestions else "no single listed change fits")
+        raise ConfigError(f"memory plan: {format_bytes(plan.total_bytes)} per process exceeds {where} "
+                          f"{format_bytes(limit)}; {hint}; python -m tokenpo.plan <the same overrides> lists its parts")
+    return plan

@@ -1,0 +1,182 @@
+"""Bytes of each part of a training process's memory, one small pure function per part.
+
+Conventions (per process, `world` processes in all; Ψ = parameters; d = bytes of a training-precision element):
+- DeepSpeed casts the policy to bf16 under deepspeed.precision=bf16 (d = 2), else keeps model.dtype.
+- ZeRO 0, fp32: torch's AdamW on the parameters: exp_avg + exp_avg_sq = 8Ψ, no master copy.
+  ZeRO 0, bf16: DeepSpeed's FP16_Optimizer (bf16 wrapper): a full fp32 master copy 4Ψ and its fp32 gradient 4Ψ.
+  ZeRO 1-3: DeepSpeed's ZeRO optimizers always keep an fp32 copy of this rank's partition (4Ψ/world, also when
+  training in fp32) and an fp32 gradient of it at the step (4Ψ/world); Adam's two states are 8Ψ/world.
+- Gradients in d bytes: full at ZeRO 0-1, this rank's partition at ZeRO 2-3 plus one reduce bucket.
+- Parameters: full at ZeRO 0-2, this rank's partition at ZeRO 3 plus the gathered layers (gather buffers).
+- Offload moves the optimizer's parts (offload_optimizer) or the parameters (offload_param) to host memory.
+A memory part belongs to a phase: `always` (held the whole run), `generation` (rollouts) or `update` (the
+forward/backward passes); a process's peak is `always` plus the larger of the other two.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tokenpo.plan.architecture import Architecture
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FP32 = 4
+ALWAYS, GENERATION, UPDATE = "always", "generation", "update"
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    bytes: int
+    phase: str
+    note: str = ""
+    host_bytes: int = 0  # what the part keeps in host memory instead (offload)
+
+
+def shard(count: int, world: int) -> int:
+    """This rank's share of `count` elements, as ZeRO pads a partition: ceil(count / world)."""
+    return math.ceil(count / world)
+
+
+def policy_weights(params: int, elem: int, stage: int, world: int, offload_param: bool) -> Part:
+    held = shard(params, world) if stage == 3 else params
+    if offload_param:
+        return Part("policy weights", 0, ALWAYS, "ZeRO-3 parameters offloaded to host memory",
+                    host_bytes=held * elem)
+    note = f"ZeRO-3 partition 1/{world}" if stage == 3 else "full copy"
+    return Part("policy weights", held * elem, ALWAYS, note)
+
+
+def gradients(params: int, elem: int, stage: int, world: int, reduce_bucket: int) -> Part:
+    if stage >= 2:
+        return Part("gradients", (shard(params, world) + reduce_bucket) * elem, UPDATE,
+                    f"partition 1/{world} + one reduce bucket of {reduce_bucket} elements")
+    return Part("gradients", params * elem, UPDATE, "full")
+
+
+def optimizer_states(params: int, stage: int, world: int, offload_optimizer: bool) -> Part:
+    """AdamW's exp_avg and exp_avg_sq in fp32."""
+    held = params if stage == 0 else shard(params, world)
+    note = "AdamW exp_avg + exp_avg_sq, fp32" + ("" if stage == 0 else f", partition 1/{world}")
+    if offload_optimizer:
+        return Part("optimizer states", 0, ALWAYS, note + ", in host memory", host_bytes=2 * FP32 * held)
+    return Part("optimizer states", 2 * FP32 * held, ALWAYS, note)
+
+
+def master_weights(params: int, stage: int, world: int, precision: str, offload_optimizer: bool) -> Part:
+    """The fp32 copy the optimizer steps on, and its fp32 gradient at the step (none at ZeRO 0 in fp32)."""
+    if stage == 0 and precision == "fp32":
+        return Part("fp32 master weights", 0, ALWAYS, "none: AdamW steps on the fp32 parameters")
+    held = params if stage == 0 else shard(params, world)
+    note = "fp32 copy + its fp32 gradient" + ("" if stage == 0 else f", partition 1/{world}")
+    if offload_optimizer:
+        return Part("fp32 master weights", 0, ALWAYS, note + ", in host memory", host_bytes=2 * FP32 * held)
+    return Part("fp32 master weights", 2 * FP32 * held, ALWAYS, note)
+
+
+def reference_weights(params: int, elem: int, stage: int, world: int, needed: bool, lora: bool) -> Part:
+    """The frozen KL reference: a copy of the initial policy in model.dtype (sharded like the policy at ZeRO-3)."""
+    if not needed:
+        return Part("KL reference", 0, ALWAYS, "none: no KL term to the reference")
+    if lora:
+        return Part("KL reference", 0, ALWAYS, "none: the base model with the adapters switched off")
+    held = shard(params, world) if stage == 3 else params
+    return Part("KL reference", held * elem, ALWAYS, f"partition 1/{world}" if stage == 3 else "full copy")
+
+
+def kv_cache_bytes(arch: Architecture, rows: int, tokens: int, elem: int) -> int:
+    """Keys and values of every layer for `rows` sequences of `tokens` tokens."""
+    return 2 * arch.num_layers * arch.kv_dim * rows * tokens * elem
+
+
+def sampling_bytes(arch: Architecture, rows: int) -> int:
+    """tokenpo.rollout.hf.sample_next on one decoded position: fp32 logits and softmax, float64 cumulative sum."""
+    return rows * arch.vocab_size * (FP32 + FP32 + 8)
+
+
+def hf_rollout(arch: Architecture, rows: int, prompt_tokens: int, new_tokens: int, elem: int) -> Part:
+    kv = kv_cache_bytes(arch, rows, prompt_tokens + new_tokens, elem)
+    return Part("rollout (hf)", kv + sampling_bytes(arch, rows), GENERATION,
+                f"KV cache of {rows} sequences x ({prompt_tokens} + {new_tokens}) tokens + sampling buffers")
+
+
+def vllm_rollout(params: int, elem: int, kv_cache_gib: float | None, utilization: float,
+                 device_memory: int | None, sleep_mode: bool) -> Part:
+    """vLLM's own copy of the weights and its KV cache: kv_cache_gib when set, else its share of the device."""
+    phase = GENERATION if sleep_mode else ALWAYS
+    weights = params * elem
+    if kv_cache_gib is not None:
+        return Part("rollout (vllm)", weights + int(kv_cache_gib * 2**30), phase,
+                    f"weights + {kv_cache_gib} GiB KV cache")
+    if device_memory is None:
+        return Part("rollout (vllm)", weights, phase, "weights only: its gpu_memory_utilization share of an "
+                                                      "unknown device (pass --device-memory)")
+    share = int(utilization * device_memory)
+    return Part("rollout (vllm)", max(weights, share), phase,
+                f"gpu_memory_utilization {utilization} of the device (weights + KV cache)")
+
+
+def layer_activation_bytes(arch: Architecture, elem: int) -> int:
+    """Bytes autograd keeps per token in one decoder layer (HF Llama/Qwen2 code, SDPA attention):
+    the layer input and the residual after attention, both RMSNorm outputs (+ their fp32 upcasts below fp32),
+    q (projection, rotate_half, rotated, attention output, its contiguous copy), k (projection, rotate_half,
+    rotated) and v, and the MLP's gate, SiLU(gate), up and their product."""
+    h, q, kv, i = arch.hidden_size, arch.q_dim, arch.kv_dim, arch.intermediate_size
+    elements = 4 * h + 5 * q + 4 * kv + 4 * i
+    upcasts = 2 * 2 * h * FP32 if elem < FP32 else 0
+    return elements * elem + upcasts
+
+
+def activations(arch: Architecture, rows: int, groups: int, prompt_tokens: int, new_tokens: int, elem: int,
+                checkpointing: bool) -> Part:
+    """The largest micro-batch's forward/backward (tokenpo.models.logprobs.response_token_hidden_states).
+
+    Without checkpointing each group's prompt runs once and its KV cache serves its rows, whose responses run
+    over it: every layer keeps its activations of groups x P + rows x T tokens, and the keys and values of the
+    rows over P + T positions (prompt copies and concatenated cache). With checkpointing every row runs
+    prompt + response; each layer keeps only its input, plus one layer's activations while it is recomputed.
+    """
+    per_token = layer_activation_bytes(arch, elem)
+    if checkpointing:
+        tokens = rows * (prompt_tokens + new_tokens)
+        held = arch.num_layers * tokens * arch.hidden_size * elem + tokens * per_token
+        return Part("activations", held, UPDATE,
+                    f"checkpointed: {rows} rows x {prompt_tokens + new_tokens} tokens, layer inputs + one layer")
+    tokens = groups * prompt_tokens + rows * new_tokens
+    kv = 2 * arch.num_layers * arch.kv_dim * rows * (2 * prompt_tokens + new_tokens) * elem
+    held = arch.num_layers * tokens * per_token + kv
+    return Part("activations", held, UPDATE,
+                f"{groups} prompt(s) x {prompt_tokens} + {rows} responses x {new_tokens} tokens, every layer")
+
+
+def head_chunks(arch: Architecture, response_tokens: int, chunk_tokens: int, recompute: bool,
+                entropy_grad: bool) -> Part:
+    """The output layer on response tokens (tokenpo.models.logprobs.response_logprobs), fp32 logits.
+
+    Kept for backward per token: the tempered fp32 logits (logsumexp's input), and with a differentiable entropy
+    its softmax and product; `recompute_head` keeps none of them. Working set of one chunk: logits, exp/softmax
+    and the entropy's product, and in backward the logits' gradient."""
+    vocab = arch.vocab_size
+    chunk = min(chunk_tokens, response_tokens)
+    working = 4 * chunk * vocab * FP32
+    kept_per_token = (0 if recompute else 1 + (2 if entropy_grad else 0)) * vocab * FP32
+    note = ("recomputed in backward: one chunk" if recompute
+            else f"{response_tokens} response tokens' fp32 logits kept for backward")
+    return Part("log-prob/entropy head", response_tokens * kept_per_token + working, UPDATE,
+                f"{note}, {chunk}-token chunks")
+
+
+def zero3_gather(params: int, elem: int, stage: int, world: int, prefetch_bucket: int, max_live: int,
+                 gathers_for_generation: bool) -> list[Part]:
+    """ZeRO-3's gathered parameters: while training at most max_live_parameters + a prefetch bucket, and for the
+    hf engine's generation the whole model (tokenpo.deepspeed.engine.gathered_for_generation)."""
+    if stage != 3 or world == 1:
+        return []
+    rest = params - shard(params, world)
+    parts = [Part("ZeRO-3 gather (update)", min(rest, max_live + prefetch_bucket) * elem, UPDATE,
+                  "stage3_max_live_parameters + stage3_prefetch_bucket_size, at most the other ranks' shares")]
+    if gathers_for_generation:
+        parts.append(Part("ZeRO-3 gather (generation)", rest * elem, GENERATION,
+                          "the hf engine gathers the whole model for each generate call"))
+    return parts
