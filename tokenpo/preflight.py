@@ -54,8 +54,11 @@ def check_command_line(conf_dir: str, config_name: str, argv: list[str]) -> None
         if sweep is not None and not args.multirun and not multirun_mode(config_name, jobs[0]):
             raise ConfigError(f"{sweep.input_line} sweeps over several values: add -m to run one job per value "
                               "(or write a list as key=[a,b], a string with commas as key='a,b')")
+        multirun = args.multirun or multirun_mode(config_name, jobs[0])
         for job in jobs:
-            compose_and_validate(config_name, job)
+            cfg = compose_and_validate(config_name, job)
+            if multirun:
+                check_sweep_job(config_name, job, cfg, swept_keys(overrides))
 
 
 def group_exists(loader, group: str) -> bool:
@@ -84,7 +87,7 @@ def check_group_option(loader, override: Override) -> None:
     for value in values:
         if isinstance(value, str) and value not in options:
             raise ConfigError(f"{group}={value}: no such option in config group {group!r} "
-                              f"(available: {', '.join(options)})")
+                              f"(available: {', '.join(options)}){plugin_hint(group, value)}")
 
 
 def job_overrides(overrides: list[Override]) -> list[list[str]]:
@@ -119,7 +122,7 @@ def compose_and_validate(config_name: str, overrides: list[str]) -> TrainConfig:
         first_line = str(err).splitlines()[0]
         group = (err.missing_cfg_file or "").rpartition("/")[0]
         available = f" (available in {group!r}: {', '.join(err.options)})" if err.options else ""
-        raise ConfigError(f"{first_line}{available}") from err
+        raise ConfigError(f"{first_line}{available}{plugin_hint(group, err.missing_cfg_file or '')}") from err
     except HydraException as err:
         full_key = getattr(err.__cause__, "full_key", None)
         if full_key and "not in struct" in str(err.__cause__):
@@ -161,3 +164,57 @@ def check_inputs(cfg: TrainConfig, run_dir: Path) -> None:
         load_reward_fn(cfg.reward.fn)
     find_resume_dir(cfg.trainer.resume, run_dir, quick=True)
     check_weights_available(cfg.model)
+
+
+# Hydra plugin options that tokenpo[cluster] installs (docs/cluster.md), each with the library it runs on
+CLUSTER_PLUGINS = {"hydra/launcher": {"submitit_local": "submitit", "submitit_slurm": "submitit", "joblib": "joblib"},
+                   "hydra/sweeper": {"optuna": "optuna"}}
+INSTALL_CLUSTER = "install tokenpo[cluster] (pip install 'tokenpo[cluster]'; bash scripts/setup.sh does)"
+
+
+def plugin_hint(group: str, option: str) -> str:
+    """'; install tokenpo[cluster]' when `option` (or the config file path it names) is one of its plugins'."""
+    option = option.rpartition("/")[2] if option.startswith(group + "/") else option
+    return f": a Hydra plugin, {INSTALL_CLUSTER}" if option in CLUSTER_PLUGINS.get(group, {}) else ""
+
+
+def swept_keys(overrides: list[Override]) -> set[str]:
+    return {o.key_or_group for o in overrides if o.is_sweep_override()}
+
+
+def check_sweep_job(config_name: str, overrides: list[str], cfg: TrainConfig, swept: set[str]) -> None:
+    """A sweep's job can start where its launcher puts it: the launcher's and sweeper's libraries import, a submitit
+    job's tasks per node are the run's processes (trainer.nproc), and trainer.objective is a metric the run logs."""
+    import importlib
+    import shutil
+
+    from tokenpo.trainer.sweep import check_objective
+
+    hydra = compose(config_name, overrides=overrides, return_hydra_config=True).hydra
+    for group, choice in (("hydra/launcher", hydra.runtime.choices.get("hydra/launcher")),
+                          ("hydra/sweeper", hydra.runtime.choices.get("hydra/sweeper"))):
+        # a preset (conf/hydra/launcher/slurm.yaml) names its plugin's config in its defaults: read its target
+        target = OmegaConf.select(hydra, group.replace("hydra/", "") + "._target_") or ""
+        library = next((lib for lib in CLUSTER_PLUGINS[group].values() if lib in target.lower()), None)
+        if library is not None:
+            try:
+                importlib.import_module(library)
+            except ImportError as err:
+                raise ConfigError(f"{group}={choice} needs {library} ({err}): {INSTALL_CLUSTER}") from err
+    launcher = hydra.launcher
+    if launcher._target_.endswith("SlurmLauncher") and shutil.which("sbatch") is None:
+        raise ConfigError(f"hydra/launcher={hydra.runtime.choices['hydra/launcher']} submits Slurm jobs, but this "
+                          "machine has no sbatch: run it on a Slurm login node (hydra/launcher=submitit_local here)")
+    if "tasks_per_node" in launcher:  # submitit: one task per process of the run, the same count on every node
+        nproc = cfg.trainer.nproc
+        if "trainer.nproc" in swept:
+            raise ConfigError("trainer.nproc is swept but a submitit launcher fixes its tasks per node for the whole "
+                              "sweep: run one sweep per trainer.nproc")
+        if launcher.tasks_per_node != nproc:
+            raise ConfigError(f"hydra.launcher.tasks_per_node={launcher.tasks_per_node} but trainer.nproc={nproc}: "
+                              "a submitit job runs one task per training process, set them equal")
+        gpus = launcher.get("gpus_per_node")
+        if gpus and gpus != nproc:
+            raise ConfigError(f"hydra.launcher.gpus_per_node={gpus} but trainer.nproc={nproc}: one GPU per process "
+                              "(0 or null on CPUs)")
+    check_objective(cfg)

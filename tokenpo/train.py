@@ -8,12 +8,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from tokenpo import CONF_DIR
@@ -30,41 +32,94 @@ log = logging.getLogger("tokenpo")
 RUN_CONTROL_KEYS = ("logger.mode", "trainer.nproc", "trainer.resume", "hydra.")
 
 
+def is_run_control(override: str) -> bool:
+    return override.lstrip("+~").startswith(RUN_CONTROL_KEYS)
+
+
 def run_identity() -> tuple[Path, str, str]:
     """Run dir, W&B run name (the job's overrides) and group (the sweep folder, or 'single')."""
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
-    overrides = [o for o in hc.overrides.task if not o.lstrip("+~").startswith(RUN_CONTROL_KEYS)]
+    overrides = [o for o in hc.overrides.task if not is_run_control(o)]
     name = ",".join(sorted(overrides)) or "default"
     group = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else "single"
     return run_dir, name, group
 
 
-def fail(message: str) -> None:
+class JobFailed(RuntimeError):
+    """A sweep's job failed: its launcher records the failure and the sweep goes on (Optuna marks the trial failed)."""
+
+
+def fail(message: str, in_sweep: bool = False) -> None:
     print(f"tokenpo: error: {message}", file=sys.stderr)
+    if in_sweep:
+        raise JobFailed(message)
     sys.exit(2)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def hydra_main(tree: DictConfig) -> float | None:
-    from tokenpo.trainer.launch import external_world_size, launch_local_workers
-
+    """One job: a single run, or one point of a sweep; returns trainer.objective at the last step (sweepers read it)."""
+    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
-        cfg = build_config(tree)
-        world = external_world_size()
-        if world > 1 and cfg.trainer.nproc > 1:
-            raise ConfigError(f"trainer.nproc={cfg.trainer.nproc} starts local workers itself; under an external "
-                              f"launcher (WORLD_SIZE={world}) leave trainer.nproc at 1")
-        # before any process starts or loads a model
-        cfg.validate_batch(max(world, cfg.trainer.nproc))
-        check_memory_plan(cfg, max(world, cfg.trainer.nproc))
-        run_dir, name, group = run_identity()
-        check_inputs(cfg, run_dir)
+        return run_job(tree, in_sweep)
     except ConfigError as err:
-        fail(str(err))
-    start_run_dir(run_dir, cfg.trainer.resume, tree)
+        fail(str(err), in_sweep)
+    except SystemExit as exit_:
+        # a failed worker of a trainer.nproc job fails this job only; a clean stop (a signal) stops the sweep too
+        if in_sweep and exit_.code:
+            raise JobFailed(f"job {HydraConfig.get().job.num} exited with status {exit_.code}") from None
+        raise
+
+
+def job_world(nproc: int) -> int:
+    """The job's process count under an external launcher or a submitit job of several tasks (1 otherwise)."""
+    from tokenpo.trainer.launch import adopt_submitit_environment, external_world_size, local_world_size
+
+    if adopt_submitit_environment():
+        if nproc != local_world_size():
+            raise ConfigError(f"trainer.nproc={nproc} but this submitit job runs {local_world_size()} tasks per node: "
+                              "set hydra.launcher.tasks_per_node to trainer.nproc (conf/hydra/launcher/slurm.yaml does)")
+    elif external_world_size() > 1 and nproc > 1:
+        raise ConfigError(f"trainer.nproc={nproc} starts local workers itself; under an external launcher "
+                          f"(WORLD_SIZE={external_world_size()}) leave trainer.nproc at 1")
+    return external_world_size()
+
+
+def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
+    from tokenpo.trainer import sweep
+    from tokenpo.trainer.launch import launch_local_workers
+
+    cfg = build_config(tree)
+    sweep.restore_start_method()
+    if in_sweep and not cfg.trainer.threads:
+        # jobs side by side (joblib, submitit's cpus_per_task) share the cores instead of each taking all of them
+        tree.trainer.threads = cfg.trainer.threads = sweep.job_threads(HydraConfig.get().launcher, cfg.trainer.nproc)
+    world = job_world(cfg.trainer.nproc)
+    # before any process starts or loads a model
+    cfg.validate_batch(max(world, cfg.trainer.nproc))
+    check_memory_plan(cfg, max(world, cfg.trainer.nproc))
+    run_dir, name, group = run_identity()
+    job = HydraConfig.get().job.num if in_sweep else None
+    # a submitit job's other tasks share this run dir: rank 0 alone reports and writes
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    resume = cfg.trainer.resume
+    if in_sweep and resume != "none":
+        same = sweep.same_job(run_dir, HydraConfig.get().overrides.task, is_run_control)
+        if same and sweep.finished_summary(run_dir, cfg.trainer.max_steps):
+            if rank0:
+                log.info("job %d: skipped: finished (results untouched in %s)", job, run_dir)
+            return sweep.objective_value(run_dir, cfg.trainer.objective)
+        if same is False:  # another sweep's run: set aside, never resumed
+            resume = "none"
+    check_inputs(cfg, run_dir)
+    if rank0:
+        if in_sweep:
+            log.info("job %d: %s in %s", job, "resumed" if rundir.continues_here(run_dir, resume) else "started",
+                     run_dir)
+        start_run_dir(run_dir, resume, tree)
     resolved = OmegaConf.to_container(tree, resolve=True)
-    if cfg.trainer.nproc > 1:
+    if cfg.trainer.nproc > 1 and world == 1:
         summary = launch_local_workers(cfg.trainer.nproc, run_dir, name, group, resolved)
     else:
         summary = run_here(cfg, run_dir, name, group, resolved, world)
@@ -72,15 +127,16 @@ def hydra_main(tree: DictConfig) -> float | None:
         return None
     if summary.get("interrupted"):
         # quoted for Hydra: run dirs hold '=' and ',' (the overrides)
+        key, folder = ("hydra.sweep.dir", HydraConfig.get().sweep.dir) if in_sweep else ("hydra.run.dir", run_dir)
         log.warning("stopped by a signal after step %d; checkpoint saved under %s/checkpoints; to continue, run the "
-                    "same command with \"hydra.run.dir='%s'\"", summary["steps"], run_dir, run_dir)
+                    "same command with \"%s='%s'\"", summary["steps"], run_dir, key, folder)
         # a sweep stops here too
         sys.exit(0)
     before, after = summary["eval_before"], summary["eval_after"]
     if before is not None and after is not None:
         log.info("held-out accuracy: %.1f%% before -> %.1f%% after (%d steps, %.0f s); run dir: %s",
                  100 * before, 100 * after, summary["steps"], summary["elapsed_s"] or 0, run_dir)
-    return after
+    return sweep.objective_value(run_dir, cfg.trainer.objective)
 
 
 def start_run_dir(run_dir: Path, resume: str, tree: DictConfig) -> None:
@@ -108,10 +164,7 @@ def run_here(cfg, run_dir: Path, name: str, group: str, resolved: dict, world: i
         run_dir, name, group = dist.broadcast_object((run_dir, name, group))
         if not dist.is_main():
             logging.getLogger().setLevel(logging.WARNING)
-    try:
-        return train(cfg, run_dir, name, group, resolved)
-    except ConfigError as err:
-        fail(str(err))
+    return train(cfg, run_dir, name, group, resolved)
 
 
 def main() -> None:

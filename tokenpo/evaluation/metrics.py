@@ -88,3 +88,17 @@ def summarize(records: Sequence[Mapping], ks: Sequence[int]) -> dict[str, float]
             metrics[f"pass@{k}"] = sum(pass_at_k(n, sum(map(bool, row)), k) for row in correct) / len(correct)
     metrics[f"maj@{n}"] = maj_at_n([record["answers"] for record in records], correct)
     return metrics
+
+
+def metric_names(cfg) -> list[str]:
+    """The keys `tokenpo.evaluation.run.evaluate` returns for a benchmark config (an EvalConfig): `summarize`'s, the
+    verdict fractions, asked_format_frac and accuracy. Sweeps check trainer.objective against them up front."""
+    from tokenpo.rewards.verdicts import count_verdicts
+
+    names = ["num_problems", "asked_format_frac", "accuracy"]
+    names += [key.replace("reward/", "") for key in count_verdicts([])]
+    if cfg.greedy:
+        names.append("greedy/accuracy")
+    if cfg.n:
+        names += [f"mean@{cfg.n}", f"maj@{cfg.n}"] + [f"pass@{k}" for k in sorted(set(cfg.pass_k)) if k <= cfg.n]
+    return names

@@ -9,6 +9,9 @@ Two ways in:
 - an external launcher (torchrun, `deepspeed` incl. --hostfile, or anything that sets WORLD_SIZE): every rank
   runs Hydra's main. Only rank 0 keeps Hydra's run dir; the other ranks point Hydra at a private temporary
   folder (removed at exit) and take rank 0's run dir by broadcast once the process group is up.
+- a submitit job of several tasks (`hydra/launcher=submitit_slurm` or `submitit_local` with tasks_per_node > 1,
+  on one or several nodes): every task runs the Hydra job; `adopt_submitit_environment` turns the job's Slurm /
+  submitit variables into torchrun's, and only rank 0 writes the job's run dir.
 """
 
 from __future__ import annotations
@@ -43,6 +46,28 @@ POLL_S = 0.2
 def external_world_size() -> int:
     """WORLD_SIZE set by torchrun / the deepspeed launcher / our own launcher (1 when absent)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def adopt_submitit_environment() -> bool:
+    """In a submitit job of several tasks: export the variables torchrun would set (RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, MASTER_ADDR = the job's first node, MASTER_PORT drawn from the job id), read by submitit's
+    job environment from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / SLURM_JOB_NODELIST (or submitit's local
+    executor's SUBMITIT_LOCAL_*). True when it did; a launcher's own WORLD_SIZE (torchrun inside the job) wins."""
+    if not os.environ.get("SUBMITIT_EXECUTOR") or "WORLD_SIZE" in os.environ:
+        return False
+    from submitit.helpers import TorchDistributedEnvironment
+
+    env = TorchDistributedEnvironment()
+    if env.world_size == 1:
+        return False
+    # every task sees all of its node's GPUs; tokenpo.deepspeed.dist picks the one of LOCAL_RANK
+    env.export(set_cuda_visible_devices=False)
+    return True
+
+
+def local_world_size() -> int:
+    """Processes per node under an external launcher (LOCAL_WORLD_SIZE; 1 when absent)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
 def external_launcher_argv(argv: list[str]) -> list[str]:
