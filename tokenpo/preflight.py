@@ -25,7 +25,7 @@ from tokenpo.data.config import data_config_from_dict
 from tokenpo.data.loaders import check_local_files
 from tokenpo.errors import ConfigError
 from tokenpo.rewards.user_fn import load_reward_fn
-from tokenpo.trainer.checkpoint import find_resume_dir
+from tokenpo.trainer.checkpoint import check_lora, find_resume_dir
 
 # Hydra flags that do not run a job (help, info, completion, rerun) or that pick another config tree: left to Hydra
 NOT_CHECKED_FLAGS = ("help", "hydra_help", "info", "shell_completion", "experimental_rerun", "config_path",
@@ -162,7 +162,9 @@ def check_inputs(cfg: TrainConfig, run_dir: Path) -> None:
         check_local_files(data_config_from_dict(cfg.eval.data))
     if cfg.reward.fn is not None:
         load_reward_fn(cfg.reward.fn)
-    find_resume_dir(cfg.trainer.resume, run_dir, quick=True)
+    resume_dir = find_resume_dir(cfg.trainer.resume, run_dir, quick=True)
+    if resume_dir is not None:
+        check_lora(resume_dir, cfg.model.lora.settings())
     check_weights_available(cfg.model)
 
 

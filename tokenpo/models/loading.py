@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from tokenpo.errors import ConfigError
 from tokenpo.models.config import ModelConfig
+from tokenpo.models.lora import wrap_lora
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,8 @@ def build_tiny_model(cfg: ModelConfig, vocab_size: int, seed: int) -> LlamaForCa
 
 
 def load_model(cfg: ModelConfig, seed: int = 0):
-    """Return (tokenizer, model) in train mode, dtype from config, on CPU (the engine moves it)."""
+    """Return (tokenizer, model) in train mode, dtype from config, on CPU (the engine moves it); with model.lora.rank
+    >= 1 the model is wrapped in LoRA adapters (tokenpo.models.lora)."""
     dtype = getattr(torch, cfg.dtype)
     if cfg.source == "tiny":
         tokenizer = load_tokenizer(cfg, resolve_pretrained_dir(tiny_tokenizer_config(cfg)))
@@ -184,6 +186,8 @@ def load_model(cfg: ModelConfig, seed: int = 0):
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(model)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if cfg.lora.enabled:
+        model = wrap_lora(model, cfg.lora)
     return tokenizer, model
 
 

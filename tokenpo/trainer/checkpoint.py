@@ -1,4 +1,4 @@
-"""Resumable checkpoints: model, optimizer, data position (the learning rate follows from the step), RNG states of every rank, step, W&B id.
+"""Resumable checkpoints: model (a LoRA run: its adapters only), optimizer, data position (the learning rate follows from the step), RNG states of every rank, step, W&B id.
 
 Layout under `<run_dir>/checkpoints/`: `step_000004/` (DeepSpeed's `state/` folder, `rng_rank<r>.pt` per rank,
 `tokenpo.json` with the step and number of processes, `manifest.json` with the sha256 and size of every other
@@ -90,8 +90,12 @@ def step_of(path: Path) -> int:
     return int(STEP_DIR.fullmatch(path.name).group(1))
 
 
-def save(engine, root: Path, step: int, client_state: dict, keep_last: int) -> Path:
-    """Write checkpoint `step` on every rank (a collective); keep it and the newest `keep_last` - 1 earlier ones."""
+def save(engine, root: Path, step: int, client_state: dict, keep_last: int, lora: dict | None = None) -> Path:
+    """Write checkpoint `step` on every rank (a collective); keep it and the newest `keep_last` - 1 earlier ones.
+
+    `lora`: the run's LoRA settings (LoraConfig.settings()); recorded in tokenpo.json, and the frozen base weights
+    are left out (the adapters, their optimizer state and the client state are saved; the base is the model's own).
+    """
     final = root / f"step_{step:06d}"
     tmp = root / f"{TMP_PREFIX}step_{step:06d}"
     if dist.is_main():
@@ -100,11 +104,14 @@ def save(engine, root: Path, step: int, client_state: dict, keep_last: int) -> P
         for stale in root.glob(f"{TMP_PREFIX}step_*"):
             shutil.rmtree(stale)
     _barrier()
-    engine.save_checkpoint(str(tmp), tag=TAG, client_state=client_state, save_latest=False)
+    frozen = {"exclude_frozen_parameters": True} if lora else {}
+    engine.save_checkpoint(str(tmp), tag=TAG, client_state=client_state, save_latest=False, **frozen)
     torch.save(rng_state(), tmp / f"rng_rank{dist.rank()}.pt")
     _barrier()
     if dist.is_main():
         meta = {"step": step, "world_size": dist.world_size(), "zero_stage": engine.zero_optimization_stage()}
+        if lora:
+            meta["lora"] = lora
         (tmp / META).write_text(json.dumps(meta))
         # last: a folder with a manifest holds every file it lists
         (tmp / MANIFEST).write_text(json.dumps(_file_records(tmp), indent=1))
@@ -260,8 +267,9 @@ def set_aside_stale(root: Path, resume_dir: Path | None) -> None:
                 ", ".join(p.name for p in stale), folder)
 
 
-def load(engine, path: Path) -> dict:
-    """Restore the engine (model, optimizer, LR schedule) and this rank's RNG states; return the client state."""
+def load(engine, path: Path, lora: dict | None = None) -> dict:
+    """Restore the engine (model, optimizer) and this rank's RNG states; return the client state. `lora`: this
+    run's LoRA settings, which must be the checkpoint's (a LoRA checkpoint holds no base weights)."""
     # DeepSpeed's own errors for these mismatches are far from one line (its universal checkpoint converts)
     meta = _read_json(path / META) if (path / META).is_file() else {}
     if meta.get("world_size", dist.world_size()) != dist.world_size():
@@ -271,15 +279,34 @@ def load(engine, path: Path) -> dict:
     if meta.get("zero_stage", stage) != stage:
         raise ConfigError(f"checkpoint {path} was written under ZeRO stage {meta['zero_stage']}; resume it with "
                           f"deepspeed.stage={meta['zero_stage']}, not {stage}")
+    check_lora(path, lora)
     # read before DeepSpeed unpickles anything, so that a refused file stops the load early
     rng = _load_rng(path / f"rng_rank{dist.rank()}.pt")
     # no LR scheduler state: the learning rate follows from the rollout step (tokenpo.trainer.optim)
+    frozen = {"load_module_strict": False} if lora else {}  # the saved module state lacks the frozen base
     load_path, client_state = engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
-                                                     load_lr_scheduler_states=False)
+                                                     load_lr_scheduler_states=False, **frozen)
     if load_path is None:
         raise ConfigError(f"checkpoint {path}: DeepSpeed could not load it (see its log above)")
     set_rng_state(rng)
     return client_state or {}
+
+
+def check_lora(path: Path, lora: dict | None) -> None:
+    """The checkpoint at `path` was trained with the LoRA settings `lora` (None: full fine-tuning; checkpoints from
+    before LoRA existed are full fine-tuning); one line naming the keys that differ otherwise."""
+    meta = _read_json(path / META) if (path / META).is_file() else {}
+    saved = meta.get("lora")
+    if saved == lora:
+        return
+    if saved is None or lora is None:
+        what = "full fine-tuning" if saved is None else f"LoRA rank {saved['rank']}"
+        raise ConfigError(f"checkpoint {path} was trained with {what}: resume it with "
+                          + ("model.lora.rank=0" if saved is None else f"model.lora.rank={saved['rank']}")
+                          + " (model.lora settings must match the checkpoint's)")
+    diffs = ", ".join(f"model.lora.{k}={saved.get(k)!r} (not {lora.get(k)!r})" for k in sorted(set(saved) | set(lora))
+                      if saved.get(k) != lora.get(k))
+    raise ConfigError(f"checkpoint {path} was trained with other LoRA settings: resume it with {diffs}")
 
 
 def _read_json(path: Path) -> dict:

@@ -15,6 +15,7 @@ from tokenpo.data import DataConfig, Example, PromptSampler
 from tokenpo.data.prompts import capped_prompt_ids
 from tokenpo.deepspeed import dist
 from tokenpo.evaluation.benchmark import stop_token_ids
+from tokenpo.models.lora import adapters_disabled, is_lora
 from tokenpo.rewards import RewardConfig, RewardScorer
 from tokenpo.rollout.engine import RolloutEngine, SamplingParams, build_engine
 
@@ -42,7 +43,7 @@ class RunContext:
     run_dir: Path
     tokenizer: object
     policy: object  # the DeepSpeed engine
-    reference: object | None
+    reference: object | None  # the frozen copy of the initial policy; None without a KL term, or with LoRA
     scorer: RewardScorer | None
     sampler: PromptSampler | None
     device: torch.device
@@ -62,6 +63,17 @@ class RunContext:
             rollout_engine = build_engine(cfg.rollout, policy, tokenizer, cfg.deepspeed)
         return cls(cfg, run_dir, tokenizer, policy, reference, scorer, sampler, device, rollout_engine,
                    cfg.reward_for(cfg.data), stop_token_ids(tokenizer, cfg.rollout.eos_tokens))
+
+    def reference_model(self) -> contextlib.AbstractContextManager:
+        """Context giving the KL reference policy to run: the frozen copy where one was built, else (LoRA) the policy's
+        own module with its adapters switched off, which is the initial policy (adapters start at B = 0)."""
+        if self.reference is not None:
+            return contextlib.nullcontext(self.reference)
+        module = self.policy.module
+        if not is_lora(module):
+            raise RuntimeError("the KL term needs a reference model: build one (deepspeed.engine.build_reference) "
+                               "or train LoRA adapters (model.lora.rank >= 1)")
+        return _as_reference(module)
 
     def prompt_ids(self, example: Example, data: DataConfig | None = None) -> list[int]:
         """The prompt under the template and prompt cap of `data` (default: the training data config)."""
@@ -87,3 +99,9 @@ class RunContext:
 
     def generate(self, prompt_ids, params, generator):
         return self.rollout_engine.generate(prompt_ids, params, generator)
+
+
+@contextlib.contextmanager
+def _as_reference(module):
+    with adapters_disabled(module):
+        yield module

@@ -101,7 +101,8 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
     reference = None
     sizes = dict(micro_batch_size=cfg.trainer.micro_batch_size, max_grad_norm=cfg.trainer.max_grad_norm,
                  world_size=dist.world_size())
-    if alg.needs_reference(cfg.algorithm):
+    # a LoRA policy is its own reference, with its adapters off (RunContext.reference_model): no second copy
+    if alg.needs_reference(cfg.algorithm) and not cfg.model.lora.enabled:
         reference = build_reference(model, cfg.deepspeed, **sizes)
         reference.to(device)
     optimizer = build_optimizer(model, cfg.trainer)
@@ -120,7 +121,7 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
         resume_dir = checkpoint.find_resume_dir(cfg.trainer.resume, run_dir)
         checkpoint.set_aside_stale(run_dir / "checkpoints", resume_dir)
         if resume_dir is not None:
-            state = checkpoint.load(policy, resume_dir)
+            state = checkpoint.load(policy, resume_dir, cfg.model.lora.settings())
             start_step, wandb_id, history = state["step"], state.get("wandb_id"), state.get("history", {})
             sampler.load_state_dict(state["sampler"])
             log.info("resumed from %s at step %d", resume_dir, start_step)
@@ -177,7 +178,8 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             if save_due or interrupted:
                 client = {"step": step, "sampler": sampler.state_dict(), "wandb_id": logger.wandb_id,
                           "history": history}
-                checkpoint.save(policy, run_dir / "checkpoints", step, client, cfg.trainer.keep_last)
+                checkpoint.save(policy, run_dir / "checkpoints", step, client, cfg.trainer.keep_last,
+                                cfg.model.lora.settings())
             if interrupted:
                 break
         if step == cfg.trainer.max_steps:

@@ -127,9 +127,9 @@ def train_on_rollouts(ctx, rollouts: StepRollouts, timings) -> dict[str, float]:
         if cfg.trainer.mini_batches > 1 or alg.needs_entropy(acfg):
             with timings("old_logprob"):
                 old_logp, old_entropy = forward_groups(ctx, policy, rollouts, mine, longest, with_entropy=True)
-        if ctx.reference is not None:
-            with timings("reference"):
-                ref_logp, _ = forward_groups(ctx, ctx.reference, rollouts, mine, longest, with_entropy=False)
+        if alg.needs_reference(acfg):
+            with timings("reference"), ctx.reference_model() as reference:
+                ref_logp, _ = forward_groups(ctx, reference, rollouts, mine, longest, with_entropy=False)
     width = max(1, max(lengths))  # of the step's [N, T] tensors
     batch = step_batch(ctx, rollouts, None if old_entropy is None else gather_rows(old_entropy, len(lengths), width))
     step = alg.prepare_step(acfg, batch)

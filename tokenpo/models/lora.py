@@ -1,0 +1,124 @@
+"""LoRA adapters on the policy (model.lora.*, built with PEFT), the base model as the KL reference, merged weights.
+
+With `model.lora.rank` >= 1 the loaded model is wrapped in a PEFT model before DeepSpeed sees it: only the
+adapters (and `modules_to_save`) require grad, so only they get gradients and AdamW states. The frozen base with
+its adapters switched off (`adapters_disabled`) is the initial policy (every allowed init starts with B = 0), so the
+KL reference costs no second copy of the weights. `merged_state_dict` turns the adapted model's state into the plain
+model's, W + (alpha / r) B A per adapted module, as new tensors: the live training weights are never changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import PeftModel, get_peft_model
+
+from tokenpo.errors import ConfigError
+from tokenpo.models.config import ALL_LINEAR, LORA_INITS, LoraConfig
+
+# how PEFT names what it adds: "<prefix><module>.base_layer.weight", "<module>.lora_A.<adapter>.weight", ...
+PEFT_PREFIX = "base_model.model."
+ADAPTER = "default"
+BASE_LAYER = ".base_layer."
+LORA_PARTS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.")
+SAVED_COPY = f".modules_to_save.{ADAPTER}."
+ORIGINAL = ".original_module."
+
+
+def is_lora(model) -> bool:
+    return isinstance(model, PeftModel)
+
+
+def module_names(model: torch.nn.Module) -> list[str]:
+    return [name for name, _ in model.named_modules() if name]
+
+
+def check_targets(names: list[str], cfg: LoraConfig) -> None:
+    """Every module named in model.lora.target_modules / modules_to_save exists (PEFT matches the full name or its
+    last components); one line naming the key otherwise. `names`: the model's module names."""
+    for key, wanted in (("target_modules", cfg.target_modules), ("modules_to_save", cfg.modules_to_save)):
+        if wanted == ALL_LINEAR:
+            continue
+        missing = [w for w in wanted if not any(n == w or n.endswith("." + w) for n in names)]
+        if missing:
+            leaves = sorted({n.rsplit(".", 1)[-1] for n in names if not n.rsplit(".", 1)[-1].isdigit()})
+            raise ConfigError(f"model.lora.{key}: the model has no module named {', '.join(map(repr, missing))} "
+                              f"(its modules: {', '.join(leaves)})")
+
+
+def peft_config(cfg: LoraConfig) -> PeftLoraConfig:
+    target = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
+    return PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=target,
+                          init_lora_weights=LORA_INITS[str(cfg.init).lower()],
+                          modules_to_save=list(cfg.modules_to_save) or None, task_type="CAUSAL_LM")
+
+
+def wrap_lora(model, cfg: LoraConfig):
+    """The model with LoRA adapters (a PeftModel sharing the model's weights); only adapter parameters train.
+
+    Under activation checkpointing PEFT makes the (frozen) embeddings' output require grad: a checkpointed block
+    whose inputs need no grad would give its adapters none (tests/models/test_lora.py checks the gradients)."""
+    check_targets(module_names(model), cfg)
+    try:
+        with warnings.catch_warnings():
+            # PEFT reads transformers' deprecated is_gradient_checkpointing to decide the above
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+            return get_peft_model(model, peft_config(cfg))
+    except (ValueError, TypeError, NotImplementedError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"model.lora: PEFT cannot add LoRA adapters to this {type(model).__name__} "
+                          f"(target_modules={cfg.target_modules!r}): {first}") from err
+
+
+def adapters_disabled(model):
+    """Context in which `model` (a PeftModel) computes as its frozen base: the KL reference of a LoRA run."""
+    return model.disable_adapter() if is_lora(model) else contextlib.nullcontext()
+
+
+def lora_scaling(model: PeftModel) -> float:
+    """The factor of B A in W + factor * B A of `model`'s adapters (PEFT's lora_alpha / r)."""
+    config = model.peft_config[ADAPTER]
+    return config.lora_alpha / (config.r ** 0.5 if config.use_rslora else config.r)
+
+
+def merged_weight(base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
+    """W + scaling * B A as a new tensor in W's dtype (the product in fp32); transposed where W is stored
+    [in, out] (embeddings, GPT-2's Conv1D)."""
+    delta = lora_b.float() @ lora_a.float()
+    if delta.shape != base.shape:
+        delta = delta.T
+    return (base.float() + scaling * delta).to(base.dtype)
+
+
+def adapter_factors(state: dict[str, torch.Tensor], module: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A, B) of the adapted module `module` (its PEFT name) in `state`: linear layers' or embeddings'."""
+    linear = f"{module}.lora_A.{ADAPTER}.weight"
+    if linear in state:
+        return state[linear], state[f"{module}.lora_B.{ADAPTER}.weight"]
+    return state[f"{module}.lora_embedding_A.{ADAPTER}"], state[f"{module}.lora_embedding_B.{ADAPTER}"]
+
+
+def plain_name(peft_name: str) -> str | None:
+    """The plain model's name of a PEFT parameter or buffer; None for adapter factors and saved originals."""
+    name = peft_name.removeprefix(PEFT_PREFIX)
+    if any(part in name for part in LORA_PARTS) or ORIGINAL in name:
+        return None
+    return name.replace(BASE_LAYER, ".").replace(SAVED_COPY, ".")
+
+
+def merged_state_dict(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """The plain model's state dict from the PEFT model's: every adapted weight merged, trained copies of
+    `modules_to_save` in place of the originals. `state` is read, never changed."""
+    merged = {}
+    for peft_name, tensor in state.items():
+        name = plain_name(peft_name)
+        if name is None:
+            continue
+        module, sep, leaf = peft_name.partition(BASE_LAYER)
+        if sep and leaf == "weight":
+            tensor = merged_weight(tensor, *adapter_factors(state, module), scaling)
+        merged[name] = tensor
+    return merged
