@@ -10,7 +10,7 @@ from tokenpo.plan.cli import compose_train_config, main
 from tokenpo.plan.memory import build_plan
 from tokenpo.plan.units import parse_bytes
 
-TINY_PARAMS = 3_227_968  # 49152 x 64 embeddings (tied) + 2 x 41088 per layer + 64
+TINY_PARAMS = 98_816  # 259 x 64 embeddings (tied; the built-in byte tokenizer) + 2 x 41088 per layer + 64
 
 
 def plan_json(capsys, *argv: str) -> dict:
@@ -33,6 +33,13 @@ def test_json_holds_the_total_and_every_part(capsys):
     assert out["shapes"] == {"world": 1, "prompt_tokens": 40, "new_tokens": 32, "rollout_rows": 32, "micro_rows": 32,
                              "micro_groups": 8}
     assert out["fits"] is None  # no device given, no CUDA device here
+
+
+def test_a_borrowed_tokenizer_sizes_the_tiny_models_embeddings(capsys):
+    out = plan_json(capsys, "model=tiny", "model.tokenizer_from=smollm2_135m")
+    # 49152 x 64 embeddings (tied; SmolLM2's vocabulary, from conf/model/configs/smollm2_135m.json) + 2 x 41088 + 64
+    assert out["parameters"] == 3_227_968
+    assert out["parts"]["policy weights"]["bytes"] == 4 * 3_227_968
 
 
 def test_zero_stage_and_processes_shard_the_states(capsys):

@@ -14,6 +14,7 @@ from pathlib import Path
 from tokenpo import CONF_DIR
 from tokenpo.errors import ConfigError
 from tokenpo.models.config import ModelConfig
+from tokenpo.models.tiny_tokenizer import TINY_VOCAB_SIZE
 
 SHIPPED_CONFIGS = Path(CONF_DIR) / "model" / "configs"
 # architectures whose attention projections q, k, v carry a bias without saying so in config.json
@@ -114,9 +115,11 @@ def _hub_cache_config(hub_id: str) -> Path | None:
 
 def tiny_architecture(cfg: ModelConfig) -> Architecture:
     """The tiny model as tokenpo.models.loading.build_tiny_model builds it, its vocabulary the tokenizer's."""
-    # the tokenizer's model config by name (tokenpo.models.loading imports transformers: seconds)
-    tokenizer_model = ModelConfig(name=cfg.tokenizer_from or "smollm2_135m", source="gguf_package")
-    vocab = architecture_from_config(*find_config_json(tokenizer_model)).vocab_size
+    if cfg.tokenizer_from is None:
+        vocab = TINY_VOCAB_SIZE  # its built-in byte tokenizer
+    else:  # the borrowed tokenizer's model config by name (tokenpo.models.loading imports transformers: seconds)
+        tokenizer_model = ModelConfig(name=cfg.tokenizer_from, source="gguf_package")
+        vocab = architecture_from_config(*find_config_json(tokenizer_model)).vocab_size
     t = cfg.tiny
     return Architecture(vocab_size=vocab, hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
                         num_kv_heads=t.num_heads, head_dim=t.hidden_size // t.num_heads,
