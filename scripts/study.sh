@@ -7,10 +7,12 @@
 #
 # Sized for the 2-core development machine: 4 prompts x 4 responses of at most 24 tokens a step (trained answers
 # take 10-16; the main job allows 32); every run at trainer.threads=1, two
-# runs side by side (STUDY_LANES), so each run's numbers do not depend on what runs beside it. A run whose
-# summary.json already shows every step is kept, so an interrupted study continues where it stopped; a new
-# STUDY_DIR runs everything again. The untrained model's scores (the same for every run: greedy, same weights)
-# come from one extra run that evaluates before its first step, written to <STUDY_DIR>_base.
+# runs side by side (STUDY_LANES), so each run's numbers do not depend on what runs beside it. Each group is one
+# Hydra sweep over the seeds into <STUDY_DIR>/<group>/seed<N>, its jobs side by side through Hydra's joblib launcher
+# (tokenpo[cluster]; docs/cluster.md). Rerunning the script resumes an interrupted study the way any sweep resumes:
+# finished runs are skipped, a run with a checkpoint continues, the rest start; a new STUDY_DIR runs everything
+# again. The untrained model's scores (the same for every run: greedy, same weights) come from one extra run that
+# evaluates before its first step, written to <STUDY_DIR>_base/seed0.
 #   STUDY_DIR (outputs/study), STUDY_STEPS (15), STUDY_SEEDS ("0 1 2 3 4"), STUDY_GROUPS (one override per group,
 #   space-separated; default the eight above; keep algorithm=grpo, the baseline), STUDY_LANES (2), STUDY_DOCS
 #   (docs/study: where the comparison goes). Extra arguments are Hydra overrides for every run.
@@ -28,47 +30,37 @@ algorithm=grpo_s algorithm=tepo algorithm=dr_grpo algorithm=gspo}"
 COMMON=(data=arith_study eval=arith_study data.prompts_per_step=4 rollout.max_new_tokens=24 trainer.threads=1
         "${TESTBED[@]}" "$@")
 
-# run_one DIR STEPS OVERRIDES...: one training run of STEPS steps into DIR (its console output in DIR/stdout.log);
-# a run already complete there is kept
-run_one() {
-  local dir=$1 steps=$2
-  shift 2
-  if [[ -f "$dir/summary.json" ]] && "$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); \
-sys.exit(0 if s['steps'] == int(sys.argv[2]) and not s['interrupted'] else 1)" "$dir/summary.json" "$steps"; then
-    echo "kept (complete): $dir"
-    return 0
-  fi
+# sweep DIR STEPS SEEDS OVERRIDES...: the Hydra sweep over OVERRIDES and the comma-separated SEEDS into
+# DIR/seed<N>, LANES jobs side by side, STEPS steps each (console output in DIR/sweep.log); prints what became of
+# each run
+sweep() {
+  local dir=$1 steps=$2 seeds=$3 lanes=$LANES
+  shift 3
+  (( lanes > 1 )) && [[ $seeds == *,* ]] || lanes=1
   mkdir -p "$dir"
-  if "$PY" -m tokenpo.train "$@" trainer.max_steps="$steps" "${COMMON[@]}" hydra.run.dir="$dir" \
-      > "$dir/stdout.log" 2>&1; then
-    rm -rf "$dir/final"  # the study keeps metrics and eval records, not 41 copies of the 0.5 GB weights
-    echo "done: $dir ($(date +%H:%M:%S))"
-  else
-    echo "FAILED: $dir (see $dir/stdout.log)"
-    echo "$dir" >> "$FAILED"
-  fi
-}
-
-# wait_for_lane: block until fewer than LANES runs are running
-wait_for_lane() {
-  while (( $(jobs -rp | wc -l) >= LANES )); do
-    wait -n || true
+  "$PY" -m tokenpo.train -m "$@" seed="$seeds" trainer.max_steps="$steps" "${COMMON[@]}" hydra.sweep.dir="$dir" \
+      'hydra.sweep.subdir=seed${seed}' hydra/launcher=joblib hydra.launcher.n_jobs="$lanes" > "$dir/sweep.log" 2>&1 || true
+  rm -rf "$dir"/seed*/final  # the study keeps metrics and eval records, not 41 copies of the 0.5 GB weights
+  for seed in ${seeds//,/ }; do
+    local run="$dir/seed$seed"
+    if "$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); \
+sys.exit(0 if s['steps'] == int(sys.argv[2]) and not s['interrupted'] else 1)" "$run/summary.json" "$steps" 2>/dev/null; then
+      echo "done: $run ($(date +%H:%M:%S))"
+    else
+      echo "FAILED: $run (see $run/train.log and $dir/sweep.log)"
+      echo "$run" >> "$FAILED"
+    fi
   done
 }
 
 start=$(date +%s)
 FAILED=$(mktemp)  # one line per failed run
 # the untrained model's held-out and transfer scores, once
-run_one "${OUT}_base" 1 algorithm=grpo seed=0 eval.before_training=true &
-# seeds outermost: an interrupted study has whole seeds of every group
-for seed in "${SEEDS[@]}"; do
-  for group in "${GROUPS_[@]}"; do
-    wait_for_lane
-    name=${group#*=}
-    run_one "$OUT/${name//\//_}/seed$seed" "$STEPS" "$group" seed="$seed" &
-  done
+sweep "${OUT}_base" 1 0 algorithm=grpo eval.before_training=true
+for group in "${GROUPS_[@]}"; do
+  name=${group#*=}
+  sweep "$OUT/${name//\//_}" "$STEPS" "$(IFS=,; echo "${SEEDS[*]}")" "$group"
 done
-wait
 failed=$(wc -l < "$FAILED")
 echo "study wall time: $(( $(date +%s) - start )) s; failed runs: $failed"
 
