@@ -213,3 +213,69 @@ def test_bench_cli_writes_the_result_json_of_a_real_tiny_run(tmp_path):
 def test_the_engine_option_picks_tokenpos_rollout_config_group():
     assert "rollout=hf" in hydra_overrides(BenchSettings())
     assert "rollout=vllm" in hydra_overrides(BenchSettings(engine="vllm"))
+
+
+def test_lora_ranks_are_one_override_each_and_refuse_a_second_rank_override():
+    from tokenpo.bench.cli import lora_variants
+
+    settings = BenchSettings(model="tiny", overrides=("model.lora.alpha=16",))
+    variants = lora_variants(settings, [0, 1, 8])
+    assert [v.overrides for v in variants] == [("model.lora.alpha=16", f"model.lora.rank={r}") for r in (0, 1, 8)]
+    ranks = [train_config(v)[0].model.lora for v in variants]
+    assert [(lora.rank, lora.alpha) for lora in ranks] == [(0, 16), (1, 16), (8, 16)]
+    assert lora_variants(settings, None) == [settings]
+    with pytest.raises(ConfigError, match="--lora-ranks sets model.lora.rank itself"):
+        lora_variants(BenchSettings(overrides=("model.lora.rank=4",)), [0, 8])
+
+
+def test_trl_trains_the_same_lora_adapters_with_the_base_as_reference(tmp_path):
+    """--vs-trl with model.lora.rank: TRL's policy has tokenpo's adapters (same modules, rank, alpha, dropout, same
+    trainable parameters) and no second model for the KL reference."""
+    from tokenpo.bench.run_trl import adapters_off, grpo_trainer, pretrained_dir
+    from tokenpo.models.loading import load_model
+
+    settings = BenchSettings(model="tiny", prompts=2, group_size=2, max_new_tokens=4, steps=2,
+                             overrides=("model.lora.rank=4", "model.lora.alpha=8", "model.lora.dropout=0.05"))
+    cfg, _ = train_config(settings)
+    tokenizer, ours = load_model(cfg.model, cfg.seed)
+    _, base = load_model(train_config(BenchSettings(model="tiny"))[0].model, cfg.seed)
+    rows = [{"prompt": [{"role": "user", "content": "1 + 1?"}], "answer": "2"}] * 4
+    trainer = grpo_trainer(settings, cfg, tokenizer, pretrained_dir(cfg, tokenizer, base, str(tmp_path)), rows,
+                           str(tmp_path / "trl"))
+    theirs = trainer.model
+    assert trainer.ref_model is None and trainer.beta == settings.beta > 0
+    config = theirs.peft_config["default"]
+    assert (config.r, config.lora_alpha, config.lora_dropout) == (4, 8, 0.05)
+    trainable = {n: p.shape for n, p in theirs.named_parameters() if p.requires_grad}
+    assert trainable == {n: p.shape for n, p in ours.named_parameters() if p.requires_grad}
+    assert len(trainable) == 2 * 7 * cfg.model.tiny.num_layers  # A and B of every linear layer of every block
+    assert not adapters_off(theirs)
+    with theirs.disable_adapter():
+        assert adapters_off(theirs)
+
+
+def test_bench_cli_measures_full_and_lora_ranks_in_one_run(tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "tokenpo.bench", "--model", "tiny", "--steps", "2", "--prompts", "2",
+           "--group-size", "2", "--max-new-tokens", "4", "--threads", "1", "--override", "reward.num_workers=1",
+           "--lora-ranks", "0", "2", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert "tokenpo" not in report and [row["rank"] for row in report["lora_ranks"]] == [0, 2]
+    full, lora = report["lora_ranks"]
+    # the trainer's own count of the adapter parameters is the memory plan's
+    assert lora["tokenpo"]["runs"][0]["shape"]["trainable_params"] == lora["plan"]["trainable_params"]
+    assert full["tokenpo"]["runs"][0]["shape"]["trainable_params"] > 10 * lora["plan"]["trainable_params"]
+    for row in (full, lora):
+        (run,) = row["tokenpo"]["runs"]
+        assert row["tokenpo"]["measured_steps"] == 1 and row["tokenpo"]["median_step_s"] > 0
+        assert row["tokenpo"]["peak_rss_process_mb"] == run["peak_rss_mb"]["process"] > 100
+        # beta 0.04: a reference pass in both (LoRA: the policy with its adapters off)
+        assert row["tokenpo"]["phases_s"]["reference"] > 0
+    # layers x rank x (fan-in + fan-out) of the 4 attention (64 -> 64) and 3 MLP (64 <-> 128) projections
+    assert lora["plan"]["trainable_params"] == 2 * 2 * (4 * (64 + 64) + 3 * (64 + 128))
+    assert lora["plan"]["state_mb"] < full["plan"]["state_mb"] / 3
+    lines = done.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("rank | trainable | plan state MB"))
+    assert lines[header + 1].startswith("full | ") and lines[header + 2].startswith("2 | 4,352 | ")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -107,3 +109,21 @@ def test_tiny_top_p_keeps_only_the_argmax(model):
 def test_sampling_warns_nothing(model):
     """The KV cache goes in under the keyword this transformers release takes (`past_key_values` warns in 5.x)."""
     assert len(run(model, PROMPTS, SamplingParams(2, 3, 1.0, 1.0, (), True)).token_ids) == 2 * len(PROMPTS)
+
+
+@pytest.mark.filterwarnings("error")
+def test_a_lora_policy_generates_with_its_adapters(model):
+    """A PEFT-wrapped policy decodes as its merged model does (and not as the base model), with no warning."""
+    from peft import LoraConfig, get_peft_model
+
+    with warnings.catch_warnings():  # what PEFT's wrapping itself warns is not the engine's
+        warnings.simplefilter("ignore")
+        policy = get_peft_model(copy.deepcopy(model), LoraConfig(r=2, lora_alpha=16, target_modules="all-linear",
+                                                                 init_lora_weights=False))
+        merged = copy.deepcopy(policy).merge_and_unload()
+    params = greedy(2, True)
+    adapted = run(policy, PROMPTS, params)
+    assert adapted.token_ids == run(merged, PROMPTS, params).token_ids
+    assert adapted.token_ids != run(model, PROMPTS, params).token_ids
+    with policy.disable_adapter():
+        assert run(policy, PROMPTS, params).token_ids == run(model, PROMPTS, params).token_ids

@@ -24,11 +24,13 @@ from tokenpo.config import build_config  # noqa: E402
 from tokenpo.data import load_splits  # noqa: E402
 from tokenpo.data.prompts import capped_prompt_ids  # noqa: E402
 from tokenpo.evaluation.benchmark import stop_token_ids  # noqa: E402
+from tokenpo.models.config import LoraConfig  # noqa: E402
 from tokenpo.models.loading import load_model  # noqa: E402
+from tokenpo.models.lora import wrap_lora  # noqa: E402
 from tokenpo.models.logprobs import response_logprobs  # noqa: E402
 from tokenpo.rollout import SamplingParams, build_engine  # noqa: E402
 from tokenpo.rollout.config import RolloutConfig  # noqa: E402
-from tokenpo.rollout.vllm_engine import policy_weights  # noqa: E402
+from tokenpo.rollout.weight_stream import policy_weights  # noqa: E402
 from tokenpo import CONF_DIR  # noqa: E402
 from tokenpo.trainer.batch import pad_groups  # noqa: E402
 
@@ -39,6 +41,8 @@ pytestmark = pytest.mark.vllm
 LOGP_TOLERANCE = 1e-3
 PROMPTS, GROUP, MAX_NEW = 8, 4, 24
 UPDATES = 3
+# AdamW's lr for the adapters: B starts at 0, so the LoRA updates must be larger to move the log-probs as much
+LORA_LR = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -102,17 +106,14 @@ def test_sampling_is_reproducible_per_generator_seed(setup, engine):
     assert len(set(map(tuple, first.token_ids[:GROUP]))) > 1  # the G samples of a prompt differ
 
 
-def test_logprobs_match_the_trainer_after_updates_and_syncs_and_a_partial_sync_fails(setup, engine):
-    cfg, tokenizer, model, prompts, stop = setup
-    policy = copy.deepcopy(model).train()
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4)
+def updates_keep_the_engine_in_sync(engine, policy, optimizer, tokenizer, prompts, params, generator):
+    """UPDATES policy-gradient steps with random advantages (every trainable weight moves), each followed by
+    sleep + sync_weights; before each, vLLM's log-probs equal the trainer's. Returns vLLM's last responses."""
+    policy.train()
     engine.sync_weights(policy)
-    params = SamplingParams(GROUP, MAX_NEW, stop_token_ids=stop)
-    generator = torch.Generator().manual_seed(0)
     for update in range(UPDATES):
         out = engine.generate(prompts, params, generator)
         assert max_logprob_gap(policy, tokenizer, prompts, out, GROUP) < LOGP_TOLERANCE
-        # a policy-gradient step with random advantages: every weight moves
         tokens = pad_groups(prompts, out.token_ids, tokenizer.pad_token_id, torch.device("cpu"))
         logp, _ = response_logprobs(policy, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids,
                                     tokens.response_mask, group_size=GROUP, with_entropy=False)
@@ -124,7 +125,16 @@ def test_logprobs_match_the_trainer_after_updates_and_syncs_and_a_partial_sync_f
         engine.sleep()
         engine.sync_weights(policy)
     policy.eval()
-    out = engine.generate(prompts, params, generator)
+    return engine.generate(prompts, params, generator)
+
+
+def test_logprobs_match_the_trainer_after_updates_and_syncs_and_a_partial_sync_fails(setup, engine):
+    cfg, tokenizer, model, prompts, stop = setup
+    policy = copy.deepcopy(model)
+    params = SamplingParams(GROUP, MAX_NEW, stop_token_ids=stop)
+    generator = torch.Generator().manual_seed(0)
+    out = updates_keep_the_engine_in_sync(engine, policy, torch.optim.AdamW(policy.parameters(), lr=1e-4), tokenizer,
+                                          prompts, params, generator)
     synced = max_logprob_gap(policy, tokenizer, prompts, out, GROUP)
     stale = max_logprob_gap(model, tokenizer, prompts, out, GROUP)
     assert synced < LOGP_TOLERANCE < stale / 10  # the updates moved the log-probs far beyond the tolerance
@@ -135,6 +145,28 @@ def test_logprobs_match_the_trainer_after_updates_and_syncs_and_a_partial_sync_f
                         if ".layers.7." not in name)
     out = engine.generate(prompts, params, generator)
     assert max_logprob_gap(policy, tokenizer, prompts, out, GROUP) > LOGP_TOLERANCE
+
+
+def test_a_lora_policy_syncs_merged_weights_and_matches_the_trainer_after_updates(setup, engine):
+    """model.lora: vLLM (no LoRA support asked of it) gets W + scale·B·A per layer; at step 0 (B = 0) that is the
+    base model, after updates of the adapters alone the log-probs still equal the trainer's PEFT model's."""
+    cfg, tokenizer, model, prompts, stop = setup
+    lora = LoraConfig(rank=8, alpha=16, modules_to_save=["norm"])
+    policy = wrap_lora(copy.deepcopy(model), lora)
+    params = SamplingParams(GROUP, MAX_NEW, stop_token_ids=stop)
+    engine.sync_weights(policy)
+    out = engine.generate(prompts, params, torch.Generator().manual_seed(1))
+    assert max_logprob_gap(model, tokenizer, prompts, out, GROUP) < LOGP_TOLERANCE
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    before = {name: p.detach().clone() for name, p in policy.named_parameters()}
+    out = updates_keep_the_engine_in_sync(engine, policy, torch.optim.AdamW(trainable, lr=LORA_LR), tokenizer,
+                                          prompts, params, torch.Generator().manual_seed(0))
+    synced = max_logprob_gap(policy, tokenizer, prompts, out, GROUP)
+    stale = max_logprob_gap(model, tokenizer, prompts, out, GROUP)
+    assert synced < LOGP_TOLERANCE < stale / 10
+    # only adapters and the fully trained copies moved; the base weights the merge read are untouched
+    moved = {name for name, p in policy.named_parameters() if not torch.equal(p.detach(), before[name])}
+    assert moved and all(".lora_" in name or ".modules_to_save." in name for name in moved)
 
 
 def test_two_ranks_under_zero3_each_sync_their_colocated_engine(tmp_path):

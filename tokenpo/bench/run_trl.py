@@ -3,11 +3,14 @@
 TRL gets tokenpo's chat messages for the steps' prompts in tokenpo's sampling order (shuffle off, one
 step = `prompts` prompts x G), and the prompt token ids are checked to be identical to tokenpo's. The
 reward is tokenpo's own answer check, in process. Phases are timed from outside by wrapping the trainer
-instance's generation, reward and log-prob methods and the accelerator's backward, plus callbacks.
+instance's generation, reward and log-prob methods and the accelerator's backward, plus callbacks. With
+`model.lora.rank` >= 1 TRL gets the PEFT config tokenpo builds (`tokenpo.models.lora.peft_config`): the same
+adapters, and the base model with its adapters off as the reference, as tokenpo's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from collections import defaultdict
@@ -16,6 +19,8 @@ import torch
 
 from tokenpo.bench.settings import BenchSettings, step_examples, train_config
 from tokenpo.bench.stats import model_shape
+from tokenpo.models.config import LoraConfig
+from tokenpo.models.lora import peft_config
 
 
 def chat_messages(problem: str, template) -> list[dict]:
@@ -63,6 +68,13 @@ def pretrained_dir(cfg, tokenizer, model, tmp: str) -> str:
     return tmp
 
 
+def adapters_off(model) -> bool:
+    """Whether `model` is a PEFT model running as its base (the adapters switched off)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return any(module.disable_adapters for module in model.modules() if isinstance(module, BaseTunerLayer))
+
+
 def instrument(trainer, steps: list[dict]):
     """Time TRL's phases per optimizer step; completed steps are appended to `steps`."""
     from transformers import TrainerCallback
@@ -91,7 +103,8 @@ def instrument(trainer, steps: list[dict]):
     logps = trainer._get_per_token_logps_and_entropies
 
     def per_token_logps(model, *args, **kwargs):
-        if model is trainer.ref_model:
+        # a LoRA run has no reference model: the reference pass is the policy with its adapters switched off
+        if model is trainer.ref_model or adapters_off(model):
             return timed(logps, "reference")(model, *args, **kwargs)
         if not torch.is_grad_enabled():
             return timed(logps, "old_logprob")(model, *args, **kwargs)
@@ -127,46 +140,55 @@ def instrument(trainer, steps: list[dict]):
     trainer.add_callback(StepTimer())
 
 
+def grpo_trainer(s: BenchSettings, cfg, tokenizer, source: str, rows: list[dict], out_dir: str):
+    """TRL's GRPOTrainer at settings `s` on the model in `source` and the dataset `rows`."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    accumulation = s.prompts * s.group_size // s.sequences_per_pass
+    args = GRPOConfig(
+        output_dir=out_dir, use_cpu=True, seed=s.seed, max_steps=s.steps, report_to="none", logging_steps=1,
+        save_strategy="no", eval_strategy="no", disable_tqdm=True,
+        # one step = one generation batch of prompts x G, one optimizer update on all of it, accumulated
+        # over micro-batches of the same size as tokenpo's
+        per_device_train_batch_size=s.sequences_per_pass, gradient_accumulation_steps=accumulation,
+        steps_per_generation=accumulation, num_iterations=1, num_generations=s.group_size,
+        shuffle_dataset=False,
+        max_completion_length=s.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+        beta=s.beta, learning_rate=s.lr, optim="adamw_torch", lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=cfg.trainer.weight_decay, max_grad_norm=cfg.trainer.max_grad_norm,
+        adam_beta1=cfg.trainer.adam_betas[0], adam_beta2=cfg.trainer.adam_betas[1],
+        epsilon=cfg.algorithm.loss.clip_low, epsilon_high=cfg.algorithm.loss.clip_high,
+        loss_type="grpo", scale_rewards="group",
+        bf16=False, fp16=False, gradient_checkpointing=False, use_vllm=False,
+        model_init_kwargs={"dtype": "float32", "attn_implementation": cfg.model.attn_implementation},
+    )
+    # model.lora as tokenpo builds it (the same PEFT LoraConfig), or full fine-tuning
+    lora = peft_config(cfg.model.lora) if cfg.model.lora.enabled else None
+    return GRPOTrainer(model=source, reward_funcs=reward_function(cfg.reward_for(cfg.data)), args=args,
+                       train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=lora)
+
+
 def run_trl(s: BenchSettings) -> dict:
     """{"steps": [...], "shape": ..., "trl_version": ...} of `s.steps` GRPOTrainer steps at settings `s`."""
     import trl
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
 
     from tokenpo.models.loading import load_model
 
     cfg, _ = train_config(s)
     torch.manual_seed(cfg.seed)
-    tokenizer, model = load_model(cfg.model, cfg.seed)
-    shape = model_shape(model)
+    # the base model: TRL adds the same LoRA adapters itself (grpo_trainer)
+    tokenizer, model = load_model(dataclasses.replace(cfg.model, lora=LoraConfig()), cfg.seed)
     batches = step_examples(cfg, s.steps)
     template = cfg.data.template
     check_same_prompt_ids(batches[0], tokenizer, template)
     rows = [{"prompt": chat_messages(e.problem, template), "answer": e.answer} for batch in batches for e in batch]
     steps: list[dict] = []
-    accumulation = s.prompts * s.group_size // s.sequences_per_pass
     with tempfile.TemporaryDirectory(prefix="tokenpo-bench-trl-") as tmp:
         source = pretrained_dir(cfg, tokenizer, model, tmp)
         del model
-        args = GRPOConfig(
-            output_dir=tmp, use_cpu=True, seed=s.seed, max_steps=s.steps, report_to="none", logging_steps=1,
-            save_strategy="no", eval_strategy="no", disable_tqdm=True,
-            # one step = one generation batch of prompts x G, one optimizer update on all of it, accumulated
-            # over micro-batches of the same size as tokenpo's
-            per_device_train_batch_size=s.sequences_per_pass, gradient_accumulation_steps=accumulation,
-            steps_per_generation=accumulation, num_iterations=1, num_generations=s.group_size,
-            shuffle_dataset=False,
-            max_completion_length=s.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-            beta=s.beta, learning_rate=s.lr, optim="adamw_torch", lr_scheduler_type="constant", warmup_steps=0,
-            weight_decay=cfg.trainer.weight_decay, max_grad_norm=cfg.trainer.max_grad_norm,
-            adam_beta1=cfg.trainer.adam_betas[0], adam_beta2=cfg.trainer.adam_betas[1],
-            epsilon=cfg.algorithm.loss.clip_low, epsilon_high=cfg.algorithm.loss.clip_high,
-            loss_type="grpo", scale_rewards="group",
-            bf16=False, fp16=False, gradient_checkpointing=False, use_vllm=False,
-            model_init_kwargs={"dtype": "float32", "attn_implementation": cfg.model.attn_implementation},
-        )
-        trainer = GRPOTrainer(model=source, reward_funcs=reward_function(cfg.reward_for(cfg.data)), args=args,
-                              train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+        trainer = grpo_trainer(s, cfg, tokenizer, source, rows, tmp)
+        shape = model_shape(trainer.model)
         instrument(trainer, steps)
         torch.set_num_threads(s.threads)
         trainer.train()

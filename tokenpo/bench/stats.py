@@ -17,14 +17,16 @@ PHASES = ("generate", "reward", "reference", "old_logprob", "update", "policy_fo
 
 
 def model_shape(model) -> dict:
-    """What the FLOP estimate needs: parameters outside the input embedding, hidden width, vocabulary."""
+    """What the FLOP estimate needs: parameters outside the input embedding (LoRA adapters included: their matmuls
+    run too), hidden width, vocabulary; and the parameters that train (all, or the adapters)."""
     embedding = model.get_input_embeddings().weight
     total = sum(p.numel() for p in model.parameters())
     head = model.get_output_embeddings().weight
     # a tied head is the embedding; its matmul is counted separately (only on completion positions)
     untied_head = 0 if head.data_ptr() == embedding.data_ptr() else head.numel()
     return {"non_embedding_params": total - embedding.numel() - untied_head,
-            "hidden_size": int(embedding.shape[1]), "vocab_size": int(embedding.shape[0])}
+            "hidden_size": int(embedding.shape[1]), "vocab_size": int(embedding.shape[0]),
+            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad)}
 
 
 def forward_flops(prompt_tokens: int, completion_tokens: int, shape: dict) -> float:
@@ -107,5 +109,7 @@ def summarise(runs: list[dict], shape: dict, warmup_steps: int = 1) -> dict:
         "update_gflops_per_s": 3 * fwd / update_s / 1e9 if update_s > 0 else None,
         "reference_gflops_per_s": fwd / reference_s / 1e9 if reference_s > 0 else None,
         "peak_rss_mb": max(run["peak_rss_mb"]["total"] for run in runs),
+        # the training process alone (its ru_maxrss), without reward workers or other children
+        "peak_rss_process_mb": max(run["peak_rss_mb"]["process"] for run in runs),
         "measured_steps": len(measured),
     }

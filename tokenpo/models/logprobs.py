@@ -19,6 +19,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
+from tokenpo.models.lora import is_lora
+
 
 def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention mask) [B, P] of token-id rows right-aligned to the longest one, as the sampler and the
@@ -45,8 +47,9 @@ def _cache_keyword(module_type: type) -> str:
 
 def kv_cache(module: torch.nn.Module, cache: DynamicCache) -> dict[str, DynamicCache]:
     """The keyword argument that hands `cache` to `module`'s forward: recent transformers name it `cache` and
-    warn on `past_key_values` (deprecated), which is the only name older releases (>= 4.46) know."""
-    return {_cache_keyword(type(module)): cache}
+    warn on `past_key_values` (deprecated), which is the only name older releases (>= 4.46) know. A PEFT model
+    hands its keyword arguments to the model it wraps, whose forward decides."""
+    return {_cache_keyword(type(module.get_base_model() if is_lora(module) else module)): cache}
 
 
 def activation_checkpointing(model: torch.nn.Module) -> bool:

@@ -4,7 +4,8 @@ engine run it): every rank has its own engine and generates its own share of the
 The engine starts from the policy's config and tokenizer with dummy weights and gets every weight from
 `sync_weights`, the same call that follows each policy update, so the sync cannot silently miss a layer
 (tests/rollout/test_vllm_engine.py checks the log-probs after several updates). Weights stream one module at a
-time: under ZeRO-3 each module's shards are gathered only while that module's weights are handed over.
+time (tokenpo/rollout/weight_stream.py): under ZeRO-3 each module's shards are gathered only while that module's
+weights are handed over, and a LoRA policy's layers arrive merged (W + scale·B·A).
 
 vLLM's CPU backend repacks every linear weight for its GEMM kernels and leaves an empty parameter behind, so
 `load_weights` into the live model has nowhere to write; there the sync goes through vLLM's in-place reload
@@ -23,33 +24,17 @@ import torch
 
 from tokenpo.deepspeed import dist
 from tokenpo.rollout.engine import ENGINES, Responses, SamplingParams
+from tokenpo.rollout.weight_stream import peft_base, policy_weights
 
 # vLLM's own RNG only serves requests without a seed; each request gets one drawn from the run's generator
 SEED_RANGE = 2**31 - 1
 
 
-def policy_weights(module: torch.nn.Module, zero3: bool):
-    """(name, tensor) of every parameter, one module at a time. Under ZeRO-3 a module's shards are gathered
-    (a collective: every rank walks the same modules) and copied out only for that module, never the whole
-    model at once."""
-    if zero3:
-        import deepspeed
-    for prefix, submodule in module.named_modules():
-        params = list(submodule.named_parameters(prefix=prefix, recurse=False))
-        if not params:
-            continue
-        if not zero3:
-            yield from ((name, param.detach()) for name, param in params)
-            continue
-        with deepspeed.zero.GatheredParameters([param for _, param in params]):
-            # copied: the gathered storage is released when the context exits, a reload may still hold it
-            owned = [(name, param.detach().clone()) for name, param in params]
-        yield from owned
-
-
 def model_folder(module: torch.nn.Module, tokenizer) -> tempfile.TemporaryDirectory:
-    """A folder with the policy's config and tokenizer (no weights): what vLLM builds its model from."""
+    """A folder with the policy's config and tokenizer (no weights): what vLLM builds its model from (for a LoRA
+    policy, the base model's: the sync sends merged weights)."""
     folder = tempfile.TemporaryDirectory(prefix="tokenpo-vllm-")
+    module = peft_base(module)
     config = copy.deepcopy(module.config)
     # the class vLLM builds: a config made in memory (the tiny model) names none, and a bare LlamaModel has no head
     config.architectures = [type(module).__name__]
