@@ -69,6 +69,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print one JSON object (total_bytes, parts)")
     parser.add_argument("--device-memory", help="memory of one device, e.g. 80GiB (default: the CUDA device's)")
     parser.add_argument("--world-size", type=int, help="processes in all (default: trainer.nproc, or WORLD_SIZE)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="what the processes run on (only the runtime part differs; default: cuda)")
     parser.add_argument("--prompt-tokens", type=int,
                         help="longest prompt in tokens (default: data.max_prompt_tokens, else 512)")
     return parser.parse_args(argv)
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         world = args.world_size or run_world_size(cfg)
         if world < 1:
             raise ConfigError(f"--world-size must be >= 1, got {world}")
-        plan = build_plan(cfg, world, memory, args.prompt_tokens)
+        plan = build_plan(cfg, world, memory, args.prompt_tokens, device=args.device)
     except ConfigError as err:
         print(f"tokenpo.plan: error: {err}", file=sys.stderr)
         sys.exit(2)

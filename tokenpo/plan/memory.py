@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import shutil
 from dataclasses import dataclass, field
 
 from tokenpo import algorithms as alg
@@ -112,16 +113,21 @@ def run_shapes(cfg: TrainConfig, world: int, prompt_tokens: int | None) -> Shape
 
 
 def build_plan(cfg: TrainConfig, world: int, device_memory: int | None = None, prompt_tokens: int | None = None,
-               suggest: bool = True) -> MemoryPlan:
+               suggest: bool = True, device: str = "cuda") -> MemoryPlan:
+    """The plan of a run on `world` processes of `device` (cuda | cpu: only the runtime part differs)."""
     arch, source = model_architecture(cfg.model)
-    plan = plan_for(cfg, arch, source, world, device_memory, prompt_tokens)
-    if suggest and plan.fits is False:
-        plan.suggestions = suggestions(cfg, arch, source, world, device_memory, prompt_tokens)
-    return plan
+
+    def plan(changed: TrainConfig) -> MemoryPlan:
+        return plan_for(changed, arch, source, world, device_memory, prompt_tokens, device)
+
+    result = plan(cfg)
+    if suggest and result.fits is False:
+        result.suggestions = suggestions(cfg, plan, device_memory)
+    return result
 
 
 def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, device_memory: int | None,
-             prompt_tokens: int | None) -> MemoryPlan:
+             prompt_tokens: int | None, device: str) -> MemoryPlan:
     ds, shapes = cfg.deepspeed, run_shapes(cfg, world, prompt_tokens)
     params = num_parameters(arch)
     model_elem = P.DTYPE_BYTES[cfg.model.dtype]
@@ -130,6 +136,7 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
     trainable = lora_parameters(arch, cfg) if lora else params
     offload_opt = ds.offload_optimizer
     parts = [
+        P.runtime(device),
         P.policy_weights(params + (trainable if lora else 0), elem, ds.stage, world, ds.offload_param),
         P.gradients(trainable, elem, ds.stage, world, ds.reduce_bucket_size if ds.stage >= 2 else 0),
         P.optimizer_states(trainable, ds.stage, world, offload_opt),
@@ -222,13 +229,12 @@ CHANGES = (smaller_micro_batches, activation_checkpointing, head_recompute, high
            rollout_memory, lora_adapters)
 
 
-def suggestions(cfg: TrainConfig, arch: Architecture, source: str, world: int, device_memory: int,
-                prompt_tokens: int | None) -> list[tuple[str, int]]:
+def suggestions(cfg: TrainConfig, plan, device_memory: int) -> list[tuple[str, int]]:
     """For each listed change (CHANGES), its mildest option that fits, with the total it gives; the first is the
     suggestion. When none fits alone: the changes' strongest options applied one after another, up to the first
     combination that fits (nothing when even all of them do not)."""
     def total(changed: TrainConfig) -> int:
-        return plan_for(changed, arch, source, world, device_memory, prompt_tokens).total_bytes
+        return plan(changed).total_bytes
 
     found = []
     for change_kind in CHANGES:
@@ -248,13 +254,30 @@ def suggestions(cfg: TrainConfig, arch: Architecture, source: str, world: int, d
     return []
 
 
+def cuda_possible() -> bool:
+    """False where no NVIDIA driver is installed (no nvidia-smi, as scripts/setup.sh tests): there the start-up check
+    answers without importing torch, which takes seconds."""
+    return shutil.which("nvidia-smi") is not None
+
+
 def cuda_memory() -> int | None:
     """The CUDA device's memory in bytes, or None without one."""
+    if not cuda_possible():
+        return None
     import torch
 
     if not torch.cuda.is_available():
         return None
     return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+
+
+def device_type() -> str:
+    """What this machine's processes train on: cuda or cpu."""
+    if not cuda_possible():
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def memory_limit(cfg: TrainConfig) -> int | None:
@@ -269,7 +292,7 @@ def check_memory_plan(cfg: TrainConfig, world: int) -> MemoryPlan | None:
     the memory a process may use. A model whose config.json cannot be found offline is not planned (a warning)."""
     limit = memory_limit(cfg)
     try:
-        plan = build_plan(cfg, world, limit)
+        plan = build_plan(cfg, world, limit, device=device_type())
     except ConfigError as err:
         log.warning("memory plan: not computed (%s)", err)
         return None

@@ -155,16 +155,27 @@ def head_chunks(arch: Architecture, response_tokens: int, chunk_tokens: int, rec
     """The output layer on response tokens (tokenpo.models.logprobs.response_logprobs), fp32 logits.
 
     Kept for backward per token: the tempered fp32 logits (logsumexp's input), and with a differentiable entropy
-    its softmax and product; `recompute_head` keeps none of them. Working set of one chunk: logits, exp/softmax
-    and the entropy's product, and in backward the logits' gradient."""
+    its softmax and product; `recompute_head` keeps none of them. Working set of one chunk (measured on CPU,
+docs/performance.md): two chunk x vocabulary fp32 tensors (logsumexp's and the entropy's softmax)."""
     vocab = arch.vocab_size
     chunk = min(chunk_tokens, response_tokens)
-    working = 4 * chunk * vocab * FP32
+    working = 2 * chunk * vocab * FP32
     kept_per_token = (0 if recompute else 1 + (2 if entropy_grad else 0)) * vocab * FP32
     note = ("recomputed in backward: one chunk" if recompute
             else f"{response_tokens} response tokens' fp32 logits kept for backward")
     return Part("log-prob/entropy head", response_tokens * kept_per_token + working, UPDATE,
                 f"{note}, {chunk}-token chunks")
+
+
+# memory a process takes beyond the plan's tensors. CUDA: the context, cuBLAS workspaces and NCCL buffers (about
+# 1 GiB in common reports; scripts/check_gpu.sh measures it). CPU: the tokenizer, data, DeepSpeed and gloo state and
+# Python objects of a run, measured by scripts/plan_vs_measured.py (its smallest row, docs/performance.md).
+RUNTIME_BYTES = {"cuda": 2**30, "cpu": 40 * 2**20}
+
+
+def runtime(device: str) -> Part:
+    return Part("runtime", RUNTIME_BYTES[device], ALWAYS,
+                "CUDA context, cuBLAS and NCCL buffers" if device == "cuda" else "tokenizer, data, DeepSpeed state")
 
 
 def zero3_gather(params: int, elem: int, stage: int, world: int, prefetch_bucket: int, max_live: int,

@@ -28,6 +28,7 @@ class TrainerConfig:
     logit_chunk_tokens: int = 1024
     recompute_head: bool = False
     memory_limit: int | str | None = None
+    worst_case_first: bool | None = None
     print_samples: int = 4
 
     objective: str | None = "eval/accuracy"

@@ -30,6 +30,8 @@ from tokenpo.trainer.environment import record_environment
 from tokenpo.trainer.optim import build_optimizer, set_step_lr
 from tokenpo.trainer.rollouts import collect_rollouts, dynamic_sampling_metrics
 from tokenpo.trainer.update import train_on_rollouts
+from tokenpo.trainer.worst_case import (cuda_memory_metrics, out_of_memory_reported, run_worst_case, step_shapes,
+                                        worst_case_enabled)
 
 log = logging.getLogger("tokenpo")
 
@@ -134,6 +136,8 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             record_environment(run_dir, start_step, dist.world_size())
             log.info("run dir: %s", run_dir)
             log.info("prompt template: %s", describe_template(cfg.data.template, tokenizer))
+        if start_step < cfg.trainer.max_steps and worst_case_enabled(cfg, device):
+            run_worst_case(ctx, train_examples)
         if start_step == 0 and benchmarks and cfg.eval.before_training:
             metrics = evaluate_benchmarks(ctx, benchmarks, 0, run_dir, "eval_before")
             history["eval_before"] = metrics.get("eval/accuracy")
@@ -144,12 +148,14 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
         for step in range(start_step + 1, cfg.trainer.max_steps + 1):
             ctx.timings = Timings()
             step_start = time.perf_counter()
-            rollouts = collect_rollouts(ctx, step)
+            with out_of_memory_reported(cfg, f"step {step}", step_shapes(cfg)):
+                rollouts = collect_rollouts(ctx, step)
             # every update of this step at lr(step): the schedule counts rollout steps, not mini-batch updates
             lr = set_step_lr(optimizer, step, cfg.trainer)
             rollout_engine.sleep()  # the update gets the memory the engine can release
             # dynamic sampling's keep_partial may leave no group that splits over the ranks: no update this step
-            metrics = train_on_rollouts(ctx, rollouts, ctx.timings) if rollouts.examples else {"lr": lr}
+            with out_of_memory_reported(cfg, f"step {step}", step_shapes(cfg)):
+                metrics = train_on_rollouts(ctx, rollouts, ctx.timings) if rollouts.examples else {"lr": lr}
             with ctx.timings("weight_sync"):
                 rollout_engine.sync_weights(policy)
             metrics.update(dynamic_sampling_metrics(rollouts))
@@ -157,6 +163,7 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             completion_tokens = sum(len(r) for r in rollouts.response_ids)
             metrics.update({f"timing/{k}_s": v for k, v in ctx.timings.seconds.items()})
             metrics["timing/step_s"] = step_s
+            metrics.update(cuda_memory_metrics(device))
             metrics["throughput/tokens_per_s"] = completion_tokens / step_s
             # the equal-compute axis of tokenpo.compare: every dynamic-sampling round counts, kept or filtered out;
             # the running total lives in the checkpoint's history, so a resumed run continues it

@@ -113,6 +113,12 @@ def format_rewards(rollouts: StepRollouts, reward) -> torch.Tensor:
                          for text in rollouts.response_text])
 
 
+def needs_old_logprobs(cfg) -> bool:
+    """Whether a step runs the old policy without grad first: several updates per rollout (their ratio's
+    denominator) or an algorithm that reads the old policy's entropy."""
+    return cfg.trainer.mini_batches > 1 or alg.needs_entropy(cfg.algorithm)
+
+
 def train_on_rollouts(ctx, rollouts: StepRollouts, timings) -> dict[str, float]:
     cfg = ctx.cfg
     acfg = cfg.algorithm
@@ -124,7 +130,7 @@ def train_on_rollouts(ctx, rollouts: StepRollouts, timings) -> dict[str, float]:
     policy = ctx.policy.module
     old_logp = old_entropy = ref_logp = None
     with torch.no_grad():
-        if cfg.trainer.mini_batches > 1 or alg.needs_entropy(acfg):
+        if needs_old_logprobs(cfg):
             with timings("old_logprob"):
                 old_logp, old_entropy = forward_groups(ctx, policy, rollouts, mine, longest, with_entropy=True)
         if alg.needs_reference(acfg):

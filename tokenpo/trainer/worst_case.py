@@ -1,0 +1,117 @@
+"""Worst case first: before step 1, one forward and backward at the largest shapes the run can meet, so a run that
+will not fit fails in its first minute instead of at the step whose batch is the longest; and an out-of-memory
+error at any step as one line naming the step, the shapes and the memory plan's suggested change.
+
+The pass uses the longest training prompts, every response at max_new_tokens, the largest micro-batch one process
+trains on, and the no-grad passes the algorithm runs (old log-probs and entropy, the KL reference). It changes
+nothing: no optimizer step; the loss is multiplied by 0, so the gradients it leaves are exact zeros that the first
+step's gradients add to (x + 0 = x); and every random stream (CPU and CUDA) is restored after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import torch
+
+from tokenpo import algorithms as alg
+from tokenpo.deepspeed import dist
+from tokenpo.errors import ConfigError
+from tokenpo.plan.memory import Shapes, build_plan, device_type, memory_limit, run_shapes
+from tokenpo.plan.units import format_bytes
+from tokenpo.trainer.rollouts import StepRollouts
+from tokenpo.trainer.update import forward_groups, group_forward, needs_old_logprobs
+
+log = logging.getLogger("tokenpo")
+
+
+def worst_case_enabled(cfg, device: torch.device) -> bool:
+    """trainer.worst_case_first, or (null) on with CUDA, off on CPU."""
+    flag = cfg.trainer.worst_case_first
+    return device.type == "cuda" if flag is None else flag
+
+
+def worst_case_rollouts(ctx, examples, shapes: Shapes) -> StepRollouts:
+    """The largest micro-batch: the `micro_groups` longest training prompts, each with G responses of
+    max_new_tokens tokens (their ids do not matter for memory: the first prompt's first token)."""
+    prompts = sorted((ctx.prompt_ids(example) for example in examples), key=len, reverse=True)[: shapes.micro_groups]
+    g = ctx.cfg.rollout.group_size
+    filler = [prompts[0][0]] * shapes.new_tokens
+    rows = len(prompts) * g
+    return StepRollouts(examples=[examples[0]] * len(prompts), prompt_ids=prompts,
+                        response_ids=[filler] * rows, response_text=[""] * rows, truncated=[True] * rows,
+                        verdicts=[""] * rows)
+
+
+def run_worst_case(ctx, examples) -> Shapes:
+    """The pass described above; returns the shapes it ran (the longest prompt's length as prompt_tokens)."""
+    cfg = ctx.cfg
+    shapes = run_shapes(cfg, dist.world_size(), None)
+    rollouts = worst_case_rollouts(ctx, examples, shapes)
+    shapes.prompt_tokens = len(rollouts.prompt_ids[0])
+    groups = list(range(len(rollouts.prompt_ids)))
+    longest = [shapes.new_tokens] * len(groups)
+    devices = [ctx.device] if ctx.device.type == "cuda" else []
+    start = time.perf_counter()
+    with out_of_memory_reported(cfg, "the worst-case pass before step 1", shapes), \
+            torch.random.fork_rng(devices=devices):
+        with torch.no_grad():
+            if needs_old_logprobs(cfg):
+                forward_groups(ctx, ctx.policy.module, rollouts, groups, longest, with_entropy=True)
+            if alg.needs_reference(cfg.algorithm):
+                with ctx.reference_model() as reference:
+                    forward_groups(ctx, reference, rollouts, groups, longest, with_entropy=False)
+        _, _, logp, entropy = group_forward(ctx, ctx.policy, rollouts, groups, with_entropy=True,
+                                            entropy_grad=alg.needs_entropy_grad(cfg.algorithm),
+                                            recompute_head=cfg.trainer.recompute_head)
+        loss = logp.sum() + (entropy.sum() if entropy is not None and entropy.requires_grad else 0.0)
+        ctx.policy.backward(loss * 0.0, scale_wrt_gas=False)
+    peak = f", peak CUDA memory {format_bytes(torch.cuda.max_memory_allocated(ctx.device))}" if devices else ""
+    log.info("worst case first: forward + backward of %d sequences x (%d + %d) tokens in %.1f s%s",
+             len(rollouts.response_ids), shapes.prompt_tokens, shapes.new_tokens, time.perf_counter() - start, peak)
+    return shapes
+
+
+def out_of_memory_message(cfg, where: str, shapes: Shapes) -> str:
+    """One line: where, the shapes, and the memory plan's suggested change (a change that lowers the plan's total
+    even when the plan thought the run fits)."""
+    described = (f"{shapes.rollout_rows} sequences generated at once, micro-batches of {shapes.micro_rows} "
+                 f"sequences, prompts up to {shapes.prompt_tokens} + responses up to {shapes.new_tokens} tokens")
+    try:
+        device = device_type()
+        plan = build_plan(cfg, shapes.world, None, shapes.prompt_tokens, suggest=False, device=device)
+        limit = min(memory_limit(cfg) or plan.total_bytes, plan.total_bytes - 1)
+        plan = build_plan(cfg, shapes.world, limit, shapes.prompt_tokens, device=device)
+        advice = (f"suggested: {plan.suggestions[0][0]} (plan {format_bytes(plan.suggestions[0][1])} instead of "
+                  f"{format_bytes(plan.total_bytes)})" if plan.suggestions
+                  else f"no single listed change lowers the plan's {format_bytes(plan.total_bytes)} enough")
+    except ConfigError as err:  # no config.json to plan from
+        advice = f"no memory plan ({err})"
+    return (f"out of memory in {where} ({described}); {advice}; python -m tokenpo.plan <the same overrides> lists "
+            f"the parts; the last checkpoint is intact")
+
+
+def cuda_memory_metrics(device: torch.device) -> dict[str, float]:
+    """Peak CUDA memory so far (the worst-case pass included): what torch's tensors took, and what its caching
+    allocator held; none on CPU."""
+    if device.type != "cuda":
+        return {}
+    return {"memory/cuda_peak_allocated_bytes": float(torch.cuda.max_memory_allocated(device)),
+            "memory/cuda_peak_reserved_bytes": float(torch.cuda.max_memory_reserved(device))}
+
+
+def step_shapes(cfg) -> Shapes:
+    """A step's largest shapes as the plan has them (the prompt length: data.max_prompt_tokens, or the plan's
+    default)."""
+    return run_shapes(cfg, dist.world_size(), None)
+
+
+@contextlib.contextmanager
+def out_of_memory_reported(cfg, where: str, shapes: Shapes):
+    """An out-of-memory error inside becomes a one-line ConfigError naming `where` and `shapes`."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        raise ConfigError(out_of_memory_message(cfg, where, shapes)) from None
