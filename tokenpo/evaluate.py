@@ -5,6 +5,8 @@
         eval.data.path=data/gsm8k_test.jsonl eval.max_problems=20
     python -m tokenpo.evaluate model_path=Qwen/Qwen2.5-Math-1.5B eval=math500 dtype=bfloat16
     python -m tokenpo.evaluate -m model_path=<folder> eval=gsm8k,math500         # one job per benchmark
+    python -m tokenpo.evaluate model_path=outputs/runs/<run>/final/adapter        # a LoRA adapter on its base
+    python -m tokenpo.evaluate model_path=<base folder> adapter_path=<adapter folder>
 
 A benchmark reads one split, so its local file needs no `{split}`; a path that has one must be quoted for Hydra's
 override grammar: 'eval.data.path="data/gsm8k_{split}.jsonl"'.
@@ -38,8 +40,11 @@ EVALUATE_CONFIG = {
         {"override hydra/job_logging": "stdout"},
         "_self_",
     ],
-    # run dir (its final/ is evaluated), Hugging Face model folder, or hub id (org/name); required
+    # run dir (its final/ is evaluated), Hugging Face model folder, hub id (org/name), or PEFT adapter folder whose
+    # adapter_config.json names its base; required unless adapter_path names its base
     "model_path": None,
+    # PEFT adapter folder (a LoRA run's final/adapter) applied to model_path, or to its own base when model_path is null
+    "adapter_path": None,
     # folder of eval.json; null = <model_path>/eval_<eval.name>, outputs/eval/<org>__<name>/eval_<eval.name> for a hub id
     "output_dir": None,
     # parameter dtype the model is evaluated in: float32 | bfloat16 | float16
@@ -73,6 +78,9 @@ def hydra_main(tree: DictConfig) -> float:
 
 
 def main() -> None:
+    from tokenpo.progress import quiet_library_bars
+
+    quiet_library_bars()
     hydra_main()
 
 

@@ -156,6 +156,7 @@ def check_inputs(cfg: TrainConfig, run_dir: Path) -> None:
     weights can be read; nothing heavy is loaded."""
     # imported here, after the quicker checks passed: transformers' model classes take seconds to import
     from tokenpo.models.locate import check_weights_available
+    from tokenpo.models.lora import check_targets_before_loading
 
     check_local_files(cfg.data)
     if cfg.eval.data is not None:
@@ -166,6 +167,7 @@ def check_inputs(cfg: TrainConfig, run_dir: Path) -> None:
     if resume_dir is not None:
         check_lora(resume_dir, cfg.model.lora.settings())
     check_weights_available(cfg.model)
+    check_targets_before_loading(cfg.model)
 
 
 # Hydra plugin options that tokenpo[cluster] installs (docs/cluster.md), each with the library it runs on

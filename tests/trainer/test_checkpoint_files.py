@@ -297,3 +297,13 @@ def test_quick_lookup_checks_sizes_without_hashing_or_logging(tmp_path, caplog):
         with pytest.raises(ConfigError, match="rng_rank0.pt: 0 bytes, "):
             checkpoint.find_resume_dir(str(root / "step_000001"), tmp_path / "other", quick=True)
     assert caplog.messages == []
+
+
+def test_resume_check_covers_full_fine_tuning_both_ways(tmp_path):
+    (tmp_path / checkpoint.META).write_text(json.dumps({"step": 1}))  # written before LoRA existed
+    checkpoint.check_lora(tmp_path, None)
+    with pytest.raises(ConfigError, match="was trained with full fine-tuning: resume it with model.lora.rank=0"):
+        checkpoint.check_lora(tmp_path, {"rank": 2})
+    (tmp_path / checkpoint.META).write_text(json.dumps({"step": 1, "lora": {"rank": 2}}))
+    with pytest.raises(ConfigError, match="was trained with LoRA rank 2: resume it with model.lora.rank=2"):
+        checkpoint.check_lora(tmp_path, None)

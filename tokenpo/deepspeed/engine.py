@@ -19,6 +19,7 @@ def build_policy_engine(model, optimizer: torch.optim.Optimizer, ds: DeepSpeedCo
     on `optimizer` (DeepSpeed would advance a scheduler once per optimizer update)."""
     config = engine_json(ds, micro_batch_size=micro_batch_size, world_size=world_size, max_grad_norm=max_grad_norm)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    _frozen_left_out_of_checkpoints(engine)
     if ds.stage == 0:
         _record_grad_norm(engine)
         if world_size == 1:
@@ -37,6 +38,23 @@ def _record_grad_norm(engine) -> None:
                                                          max_norm=engine.gradient_clipping(), mpu=engine.mpu))
 
     engine.clip_fp32_gradients = clip_and_record
+
+
+def _frozen_left_out_of_checkpoints(engine) -> None:
+    """`save_checkpoint(exclude_frozen_parameters=True)` (LoRA runs) leaves out every frozen tensor. DeepSpeed drops
+    frozen parameters by their first name only, so a frozen tensor under a second name stayed in the checkpoint: the
+    output layer tied to the embeddings, a vocabulary-sized matrix."""
+    module_state_dict = engine.module_state_dict
+
+    def trainable_only(*args, exclude_frozen_parameters: bool = False, **kwargs):
+        state = module_state_dict(*args, exclude_frozen_parameters=exclude_frozen_parameters, **kwargs)
+        if exclude_frozen_parameters:
+            trainable = {name for name, p in engine.module.named_parameters(remove_duplicate=False) if p.requires_grad}
+            for name in [name for name in state if name not in trainable]:
+                del state[name]
+        return state
+
+    engine.module_state_dict = trainable_only
 
 
 def forward_in_engine(model, fn, *args, **kwargs):

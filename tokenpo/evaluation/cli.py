@@ -1,8 +1,10 @@
 """Stand-alone evaluation of a checkpoint (the logic behind `python -m tokenpo.evaluate`).
 
 The model comes from `model_path`: a training run dir (its `final/` folder is evaluated), any local Hugging
-Face model folder, or a hub id. Generation uses the rollout engine and scoring the reward workers, in one
-process; problems, prompts and metrics are those of training-time evaluation (tokenpo.evaluation.benchmark).
+Face model folder, or a hub id; a PEFT adapter folder (a LoRA run's `final/adapter/`) is applied to it with
+`adapter_path`, or given alone as `model_path` when its adapter_config.json names its base model. Generation
+uses the rollout engine and scoring the reward workers, in one process; problems, prompts and metrics are those
+of training-time evaluation (tokenpo.evaluation.benchmark).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tokenpo.evaluation.config import EvalConfig
 from tokenpo.evaluation.run import evaluate, sample_lines
 from tokenpo.models.config import ModelConfig
 from tokenpo.models.loading import load_model
+from tokenpo.models.lora import adapter_base, is_adapter_folder, with_adapter
 from tokenpo.rewards import RewardConfig, RewardScorer, reward_config_from_dict
 from tokenpo.rewards.config import DATASET_FIELDS
 from tokenpo.rollout import build_engine
@@ -38,7 +41,8 @@ log = logging.getLogger("tokenpo")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # where results of hub models go when output_dir is null (a hub id has no folder of its own)
 HUB_OUTPUT_ROOT = Path("outputs/eval")
-SETTINGS = ("model_path", "output_dir", "dtype", "attn_implementation", "trust_remote_code", "seed", "print_samples")
+SETTINGS = ("model_path", "adapter_path", "output_dir", "dtype", "attn_implementation", "trust_remote_code", "seed",
+            "print_samples")
 GROUPS = ("eval", "data", "reward", "rollout")
 
 
@@ -47,6 +51,7 @@ class EvalRun:
     """A validated stand-alone evaluation: which model, which benchmark, where the results go."""
 
     model: ModelConfig
+    adapter: Path | None  # a PEFT adapter folder applied to the model (tokenpo.models.lora.with_adapter)
     eval: EvalConfig
     data: DataConfig
     reward: RewardConfig
@@ -62,6 +67,9 @@ def model_config_for(model_path, dtype: str, attn_implementation: str, trust_rem
         raise ConfigError("model_path is required: a run dir (its final/ is used), a Hugging Face model folder "
                           "or a hub id, e.g. model_path=outputs/runs/<run>")
     path = Path(str(model_path)).expanduser()
+    if path.exists() and is_adapter_folder(path):
+        raise ConfigError(f"model_path {str(model_path)!r} is a PEFT adapter folder: pass it as adapter_path (the "
+                          "base model comes from its adapter_config.json, or from model_path)")
     if path.exists():
         folder = path if (path / "config.json").is_file() else path / "final"
         if not (folder / "config.json").is_file():
@@ -77,6 +85,24 @@ def model_config_for(model_path, dtype: str, attn_implementation: str, trust_rem
                       trust_remote_code=trust_remote_code, **source)
     cfg.validate()
     return cfg
+
+
+def adapter_and_base(model_path, adapter_path) -> tuple[str | None, Path | None]:
+    """(the base model's path, the adapter folder or None): model_path=<adapter folder> alone takes its base from the
+    folder's adapter_config.json; adapter_path=<folder> applies that adapter to model_path."""
+    if adapter_path is None and model_path is not None and is_adapter_folder(Path(str(model_path)).expanduser()):
+        model_path, adapter_path = None, model_path
+    if adapter_path is None:
+        return model_path, None
+    adapter = Path(str(adapter_path)).expanduser()
+    if not is_adapter_folder(adapter):
+        raise ConfigError(f"adapter_path {str(adapter_path)!r} is not a PEFT adapter folder (no adapter_config.json)")
+    if model_path is None:
+        model_path = adapter_base(adapter)
+        if model_path is None:
+            raise ConfigError(f"{adapter / 'adapter_config.json'} names no base model (base_model_name_or_path): pass "
+                              "the base as model_path=<folder or hub id> with adapter_path")
+    return str(model_path), adapter
 
 
 def default_output_dir(model_path: str, model: ModelConfig, benchmark: str) -> Path:
@@ -97,8 +123,8 @@ def build_eval_run(tree: DictConfig | dict) -> EvalRun:
         value = plain.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(f"{key} must be an integer >= 0, got {value!r}")
-    model = model_config_for(plain.get("model_path"), plain["dtype"], plain["attn_implementation"],
-                             plain["trust_remote_code"])
+    model_path, adapter = adapter_and_base(plain.get("model_path"), plain.get("adapter_path"))
+    model = model_config_for(model_path, plain["dtype"], plain["attn_implementation"], plain["trust_remote_code"])
     eval_cfg = validated(from_dict(EvalConfig, plain["eval"], "eval"))
     if eval_cfg.extra:
         raise ConfigError(f"eval.extra lists {len(eval_cfg.extra)} more benchmark(s): tokenpo.evaluate scores one; "
@@ -112,33 +138,38 @@ def build_eval_run(tree: DictConfig | dict) -> EvalRun:
     output_dir = plain.get("output_dir")
     return EvalRun(
         model=model,
+        adapter=adapter,
         eval=eval_cfg,
         data=data_config_from_dict(plain["data"]),
         reward=reward,
         rollout=rollout_config_from_dict(plain["rollout"]),
-        output_dir=Path(output_dir) if output_dir else default_output_dir(plain["model_path"], model, eval_cfg.name),
+        output_dir=Path(output_dir) if output_dir else default_output_dir(str(adapter or model_path), model,
+                                                                          eval_cfg.name),
         seed=plain["seed"],
         print_samples=plain["print_samples"],
     )
 
 
-def load_policy(cfg: ModelConfig):
-    """(tokenizer, model) in eval mode on this process's device; a folder or hub id that cannot load is a ConfigError."""
+def load_policy(cfg: ModelConfig, adapter: Path | None = None):
+    """(tokenizer, model) in eval mode on this process's device, with the PEFT adapter folder `adapter` merged in;
+    a folder or hub id that cannot load is a ConfigError."""
     try:
         tokenizer, model = load_model(cfg)
     except OSError as err:
         where = cfg.path if cfg.source == "local" else cfg.hub_id
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"model_path {where!r} could not be loaded: {first_line}") from err
+    if adapter is not None:
+        model = with_adapter(model, adapter)
     return tokenizer, model.to(dist.device()).eval()
 
 
 def run_evaluation(run: EvalRun) -> tuple[dict, list[dict]]:
     """Generate, score and summarise; writes <output_dir>/eval.json and returns (metrics, records)."""
-    tokenizer, model = load_policy(run.model)
+    tokenizer, model = load_policy(run.model, run.adapter)
     examples, data_cfg = load_benchmark(run.eval, run.data, run.seed, tokenizer)
     reward = benchmark_reward(run.reward, data_cfg)
-    log.info("evaluating %s on %s: %d problems", run.model.path or run.model.hub_id, run.eval.name, len(examples))
+    log.info("evaluating %s on %s: %d problems", model_label(run), run.eval.name, len(examples))
     with RewardScorer(reward) as scorer, contextlib.closing(build_engine(run.rollout, model, tokenizer)) as engine:
         metrics, records = evaluate(
             examples,
@@ -153,10 +184,16 @@ def run_evaluation(run: EvalRun) -> tuple[dict, list[dict]]:
             seed=run.seed,
         )
     run.output_dir.mkdir(parents=True, exist_ok=True)
-    result = {"model": run.model.path or run.model.hub_id, "benchmark": run.eval.name, "metrics": metrics,
+    result = {"model": model_label(run), "benchmark": run.eval.name, "metrics": metrics,
               "records": records}
     (run.output_dir / "eval.json").write_text(json.dumps(result, indent=1))
     return metrics, records
+
+
+def model_label(run: EvalRun) -> str:
+    """The evaluated weights: the model folder or hub id, and the adapter applied to it."""
+    base = run.model.path or run.model.hub_id
+    return f"{base} + adapter {run.adapter}" if run.adapter else base
 
 
 def metrics_table(metrics: dict) -> str:
@@ -169,7 +206,7 @@ def metrics_table(metrics: dict) -> str:
 
 
 def report(run: EvalRun, metrics: dict, records: list[dict]) -> str:
-    lines = [f"## {run.eval.name}: {run.model.path or run.model.hub_id}", "", metrics_table(metrics)]
+    lines = [f"## {run.eval.name}: {model_label(run)}", "", metrics_table(metrics)]
     if run.print_samples:
         lines += ["", "Samples (question -> response -> verdict):", *sample_lines(records, run.print_samples)]
     lines += ["", f"records and metrics: {run.output_dir / 'eval.json'}"]

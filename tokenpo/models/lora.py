@@ -10,14 +10,16 @@ model's, W + (alpha / r) B A per adapted module, as new tensors: the live traini
 from __future__ import annotations
 
 import contextlib
+import json
 import warnings
+from pathlib import Path
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
 
 from tokenpo.errors import ConfigError
-from tokenpo.models.config import ALL_LINEAR, LORA_INITS, LoraConfig
+from tokenpo.models.config import ALL_LINEAR, LORA_INITS, LoraConfig, ModelConfig
 
 # how PEFT names what it adds: "<prefix><module>.base_layer.weight", "<module>.lora_A.<adapter>.weight", ...
 PEFT_PREFIX = "base_model.model."
@@ -49,11 +51,44 @@ def check_targets(names: list[str], cfg: LoraConfig) -> None:
                               f"(its modules: {', '.join(leaves)})")
 
 
+def check_targets_before_loading(cfg: ModelConfig) -> None:
+    """Start-up check of model.lora.target_modules / modules_to_save against the model's architecture, built on the
+    meta device from its config.json (no weights, no memory). Skipped where no config.json is at hand or transformers
+    cannot build the architecture from it: `wrap_lora` checks again once the model is loaded."""
+    lora = cfg.lora
+    if not lora.enabled or (lora.target_modules == ALL_LINEAR and not lora.modules_to_save):
+        return
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tokenpo.models.loading import build_tiny_model
+    from tokenpo.plan.architecture import find_config_json
+
+    with torch.device("meta"):
+        if cfg.source == "tiny":
+            skeleton = build_tiny_model(cfg, vocab_size=8, seed=0)
+        else:
+            try:
+                config = AutoConfig.for_model(**find_config_json(cfg)[0])
+                skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
+            except (ConfigError, ValueError, KeyError, TypeError, ImportError):
+                return
+    check_targets(module_names(skeleton), lora)
+
+
 def peft_config(cfg: LoraConfig) -> PeftLoraConfig:
     target = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
     return PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=target,
                           init_lora_weights=LORA_INITS[str(cfg.init).lower()],
                           modules_to_save=list(cfg.modules_to_save) or None, task_type="CAUSAL_LM")
+
+
+@contextlib.contextmanager
+def peft_quietly():
+    """PEFT reads transformers' deprecated is_gradient_checkpointing when it wraps a model (a FutureWarning each
+    time)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        yield
 
 
 def wrap_lora(model, cfg: LoraConfig):
@@ -63,9 +98,7 @@ def wrap_lora(model, cfg: LoraConfig):
     whose inputs need no grad would give its adapters none (tests/models/test_lora.py checks the gradients)."""
     check_targets(module_names(model), cfg)
     try:
-        with warnings.catch_warnings():
-            # PEFT reads transformers' deprecated is_gradient_checkpointing to decide the above
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        with peft_quietly():
             return get_peft_model(model, peft_config(cfg))
     except (ValueError, TypeError, NotImplementedError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -122,3 +155,29 @@ def merged_state_dict(state: dict[str, torch.Tensor], scaling: float) -> dict[st
             tensor = merged_weight(tensor, *adapter_factors(state, module), scaling)
         merged[name] = tensor
     return merged
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def is_adapter_folder(path: Path) -> bool:
+    return (path / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(folder: Path) -> str | None:
+    """The base model an adapter folder was trained on (PEFT's base_model_name_or_path: a folder or a hub id)."""
+    try:
+        return json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path") or None
+    except ValueError as err:
+        raise ConfigError(f"{folder / ADAPTER_CONFIG}: not JSON ({err})") from None
+
+
+def with_adapter(model, folder: Path):
+    """`model` with the PEFT adapter in `folder` merged into its weights (for inference: the plain model's speed)."""
+    try:
+        with peft_quietly():
+            return PeftModel.from_pretrained(model, folder).merge_and_unload()
+    except (ValueError, KeyError, RuntimeError, OSError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"adapter_path {str(folder)!r} does not fit the model {type(model).__name__}: "
+                          f"{first}") from err
