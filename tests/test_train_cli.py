@@ -183,11 +183,16 @@ def test_bad_overrides_fail_fast_with_one_line_naming_the_key(tmp_path):
 
 
 # `python -m tokenpo.train` with the two ways into heavy work (loading the model here, starting workers) replaced
-# by a loud exit: a start-up error must come before either
-GUARDED_TRAIN = """
+# by a loud exit: a start-up error must come before either, and before torch, transformers and DeepSpeed are imported
+# (every check that needs no model runs first); at exit the script names those of them that were imported
+HEAVY_MODULES = ("torch", "transformers", "deepspeed")
+GUARDED_TRAIN = f"""
+import atexit
 import sys
 import tokenpo.train
 import tokenpo.trainer.launch
+
+atexit.register(lambda: print("HEAVY MODULES IMPORTED:", *[m for m in {HEAVY_MODULES!r} if m in sys.modules]))
 
 def heavy_work(*args, **kwargs):
     sys.exit("HEAVY WORK STARTED")
@@ -197,18 +202,38 @@ tokenpo.train.main()
 """
 
 
-def start_error(tmp_path: Path, *overrides: str, env: dict | None = None) -> str:
-    """The one error line of a run that must stop at start-up; fails on a traceback, more than one error line, a
-    zero exit status or any heavy work started."""
+def guarded_train(tmp_path: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """GUARDED_TRAIN's run; fails unless it reports which heavy modules it imported before it stopped."""
     env = dict(os.environ, **(env or {}),
                PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, "-c", GUARDED_TRAIN, *overrides, "logger.mode=disabled",
                            f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("HEAVY MODULES IMPORTED:"), proc.stdout + proc.stderr
+    return proc
+
+
+def heavy_imports(proc: subprocess.CompletedProcess) -> list[str]:
+    return proc.stdout.rstrip().splitlines()[-1].split(":", 1)[1].split()
+
+
+def start_error(tmp_path: Path, *overrides: str, env: dict | None = None) -> str:
+    """The one error line of a run that must stop at start-up; fails on a traceback, more than one error line, a
+    zero exit status, any heavy work started or torch, transformers or DeepSpeed imported."""
+    proc = guarded_train(tmp_path, *overrides, env=env)
+    assert heavy_imports(proc) == [], proc.stdout
     assert proc.returncode != 0 and "Traceback" not in proc.stderr and "HEAVY WORK" not in proc.stderr, proc.stderr
     errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("tokenpo: error:")]
     assert len(errors) == 1, proc.stdout + proc.stderr
     return errors[0]
+
+
+@pytest.mark.parametrize("overrides", [["model=tiny"], ["model=tiny", "trainer.nproc=2", "deepspeed=zero3"],
+                                       ["model=tiny", "rollout=vllm"]])
+def test_every_start_up_check_passes_before_torch_transformers_or_deepspeed_is_imported(tmp_path, overrides):
+    proc = guarded_train(tmp_path, *overrides)
+    assert "HEAVY WORK STARTED" in proc.stderr, proc.stderr  # validation finished: the run was about to start
+    assert heavy_imports(proc) == []
 
 
 @pytest.mark.parametrize(("option", "choices"), [

@@ -7,10 +7,10 @@ from dataclasses import dataclass, replace
 from omegaconf import DictConfig, OmegaConf
 
 from tokenpo.algorithms.config import AlgorithmConfig, algorithm_config_from_dict
-from tokenpo.data.config import DataConfig, data_config_from_dict
+from tokenpo.data.config import DataConfig, data_config_from_dict, data_keys_under
 from tokenpo.deepspeed.config import DeepSpeedConfig
 from tokenpo.errors import ConfigError
-from tokenpo.evaluation.config import EvalConfig
+from tokenpo.evaluation.config import EvalConfig, data_keys
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.models.config import ModelConfig, model_config_from_dict
 from tokenpo.rewards.config import RewardConfig, resolve, reward_config_from_dict
@@ -65,9 +65,11 @@ def build_config(tree: DictConfig | dict) -> TrainConfig:
     if not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     data = data_config_from_dict(plain["data"])
-    for benchmark in [plain["eval"], *(plain["eval"].get("extra") or [])]:
+    extras = plain["eval"].get("extra") or []
+    for key, benchmark in zip(data_keys(extras), [plain["eval"], *extras]):
         if isinstance(benchmark, dict) and benchmark.get("data") is not None:
-            data_config_from_dict(benchmark["data"])  # a benchmark's data config fails here, not mid-run
+            with data_keys_under(key):
+                data_config_from_dict(benchmark["data"])  # a benchmark's data config fails here, not mid-run
     config = TrainConfig(
         seed=seed,
         algorithm=algorithm_config_from_dict(plain["algorithm"]),

@@ -21,11 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tokenpo.config import TrainConfig, build_config
-from tokenpo.data.config import data_config_from_dict
+from tokenpo.data.config import data_config_from_dict, data_keys_under
 from tokenpo.data.loaders import check_local_files
 from tokenpo.errors import ConfigError
+from tokenpo.models.locate import check_weights_available
 from tokenpo.rewards.user_fn import load_reward_fn
-from tokenpo.trainer.checkpoint import check_lora, find_resume_dir
+from tokenpo.trainer.checkpoint_layout import check_lora, resume_dir_on_disk
 
 # Hydra flags that do not run a job (help, info, completion, rerun) or that pick another config tree: left to Hydra
 NOT_CHECKED_FLAGS = ("help", "hydra_help", "info", "shell_completion", "experimental_rerun", "config_path",
@@ -153,21 +154,24 @@ def one_line(err: Exception) -> str:
 
 def check_inputs(cfg: TrainConfig, run_dir: Path) -> None:
     """The data files (training and benchmark), the user reward function, the checkpoint to resume and the model's
-    weights can be read; nothing heavy is loaded."""
-    # imported here, after the quicker checks passed: transformers' model classes take seconds to import
-    from tokenpo.models.locate import check_weights_available
-    from tokenpo.models.lora import check_targets_before_loading
-
+    weights can be read; nothing heavy is loaded, and torch, transformers and DeepSpeed are not imported (a LoRA run's
+    target modules, checked last, need transformers)."""
     check_local_files(cfg.data)
-    if cfg.eval.data is not None:
-        check_local_files(data_config_from_dict(cfg.eval.data))
+    for benchmark, key in zip(cfg.eval.benchmarks(), cfg.eval.data_keys()):
+        if benchmark.data is not None:
+            with data_keys_under(key):
+                check_local_files(data_config_from_dict(benchmark.data))
     if cfg.reward.fn is not None:
         load_reward_fn(cfg.reward.fn)
-    resume_dir = find_resume_dir(cfg.trainer.resume, run_dir, quick=True)
+    resume_dir = resume_dir_on_disk(cfg.trainer.resume, run_dir, quick=True)
     if resume_dir is not None:
         check_lora(resume_dir, cfg.model.lora.settings())
     check_weights_available(cfg.model)
-    check_targets_before_loading(cfg.model)
+    if cfg.model.lora.enabled:
+        # last: the one check that needs transformers (it lists the model's modules on the meta device)
+        from tokenpo.models.lora import check_targets_before_loading
+
+        check_targets_before_loading(cfg.model)
 
 
 # Hydra plugin options that tokenpo[cluster] installs (docs/cluster.md), each with the library it runs on

@@ -168,8 +168,10 @@ def run_here(cfg, run_dir: Path, name: str, group: str, resolved: dict, world: i
 
 
 def main() -> None:
+    from tokenpo.progress import quiet_library_bars
     from tokenpo.trainer.launch import external_launcher_argv
 
+    quiet_library_bars()
     sys.argv[1:] = external_launcher_argv(sys.argv[1:])
     try:
         check_command_line(CONF_DIR, "train", sys.argv[1:])

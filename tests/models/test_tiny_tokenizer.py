@@ -15,7 +15,8 @@ def tokenizer():
     return build_tiny_tokenizer()
 
 
-@pytest.mark.parametrize("text", ["What is 2 × 3?", "héllo  wörld\n\tend", r"\boxed{\frac{1}{2}}", "数学 🙂", ""])
+@pytest.mark.parametrize("text", ["What is 2 × 3?", "héllo  wörld\n\tend", r"\boxed{\frac{1}{2}}", "数学 🙂",
+                                  ""])
 def test_every_text_round_trips_one_token_per_byte(tokenizer, text):
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert ids == list(text.encode("utf-8"))

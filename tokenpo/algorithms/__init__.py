@@ -6,54 +6,19 @@ functions below, and never branches on the algorithm's name.
 See docs/algorithms.md for the equations, shapes and the config keys of each paper.
 """
 
-from tokenpo.algorithms.advantages import ADVANTAGES, group_advantages, token_advantages
-from tokenpo.algorithms.aggregation import AGGREGATIONS, LossNorm, aggregate
-from tokenpo.algorithms.config import (
-    AlgorithmConfig,
-    algorithm_config_from_dict,
-    needs_entropy,
-    needs_entropy_grad,
-    needs_reference,
-)
-from tokenpo.algorithms.dynamic_sampling import partial_batch_size, prompts_per_round, select_mixed_groups
-from tokenpo.algorithms.kl import ENTROPY_REFERENCES, KL_ESTIMATORS, KL_MASKS, kl_mask_entropy_reference, kl_penalty
-from tokenpo.algorithms.losses import clipped_surrogate, entropy_bonus, policy_loss
-from tokenpo.algorithms.metrics import entropy_by_polarity, mean_by_polarity
-from tokenpo.algorithms.ratios import RATIOS, importance_ratio
-from tokenpo.algorithms.shaping import shape_rewards
-from tokenpo.algorithms.step import StepBatch, StepTensors, micro_batch_loss, prepare_step, response_mask
+from tokenpo.lazy import lazy_exports
 
-__all__ = [
-    "ADVANTAGES",
-    "AGGREGATIONS",
-    "ENTROPY_REFERENCES",
-    "KL_ESTIMATORS",
-    "KL_MASKS",
-    "RATIOS",
-    "AlgorithmConfig",
-    "LossNorm",
-    "StepBatch",
-    "StepTensors",
-    "aggregate",
-    "algorithm_config_from_dict",
-    "clipped_surrogate",
-    "entropy_bonus",
-    "entropy_by_polarity",
-    "group_advantages",
-    "importance_ratio",
-    "kl_mask_entropy_reference",
-    "kl_penalty",
-    "mean_by_polarity",
-    "micro_batch_loss",
-    "needs_entropy",
-    "needs_entropy_grad",
-    "needs_reference",
-    "partial_batch_size",
-    "policy_loss",
-    "prepare_step",
-    "prompts_per_round",
-    "response_mask",
-    "select_mixed_groups",
-    "shape_rewards",
-    "token_advantages",
-]
+# imported when first used: the config schema validates a run without torch
+__getattr__, __all__ = lazy_exports(__name__, {
+    "advantages": ("ADVANTAGES", "group_advantages", "token_advantages"),
+    "aggregation": ("AGGREGATIONS", "LossNorm", "aggregate"),
+    "config": ("AlgorithmConfig", "algorithm_config_from_dict", "needs_entropy", "needs_entropy_grad",
+               "needs_reference"),
+    "dynamic_sampling": ("partial_batch_size", "prompts_per_round", "select_mixed_groups"),
+    "kl": ("ENTROPY_REFERENCES", "KL_ESTIMATORS", "KL_MASKS", "kl_mask_entropy_reference", "kl_penalty"),
+    "losses": ("clipped_surrogate", "entropy_bonus", "policy_loss"),
+    "metrics": ("entropy_by_polarity", "mean_by_polarity"),
+    "ratios": ("RATIOS", "importance_ratio"),
+    "shaping": ("shape_rewards",),
+    "step": ("StepBatch", "StepTensors", "micro_batch_loss", "prepare_step", "response_mask"),
+})

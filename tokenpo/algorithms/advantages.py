@@ -9,13 +9,13 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Callable
 
-import torch
-from torch import Tensor
-
 from tokenpo.algorithms.masked import dense_group_index, group_reduce, sequence_mean
 from tokenpo.registry import Registry
 
+# torch for annotations only: a config validates against these registries before torch is imported
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from tokenpo.algorithms.config import AdvantageConfig, AlgorithmConfig
 
 SCALES = ("std", "none")
@@ -57,7 +57,7 @@ def pooled_standardize(
     if scale:
         variance = group_reduce(w * deviation**2, p) / (total - 1).clamp_min(_SINGLE_MEMBER_SLACK)
         out = out / (variance.sqrt() + eps)
-    out = torch.where(total > 1 + _SINGLE_MEMBER_SLACK, out, torch.zeros_like(out))
+    out = out.where(total > 1 + _SINGLE_MEMBER_SLACK, out.new_zeros(()))
     return out.view_as(values)
 
 
@@ -68,7 +68,7 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, scale: str = "std", eps
     if scale not in SCALES:
         raise ValueError(f"unknown advantage scale {scale!r}; known: {', '.join(SCALES)}")
     index = dense_group_index(group_ids)
-    return pooled_standardize(rewards, torch.ones_like(rewards), index, center=True, scale=scale == "std", eps=eps)
+    return pooled_standardize(rewards, rewards.new_ones(rewards.shape), index, center=True, scale=scale == "std", eps=eps)
 
 
 def entropy_weighted_rewards(
@@ -149,7 +149,7 @@ def group_scope(index: Tensor) -> Tensor:
 @SCOPES.register("batch")
 def batch_scope(index: Tensor) -> Tensor:
     """The whole step batch (GTPO §4: entropy compared at batch level)."""
-    return torch.zeros_like(index)
+    return index.new_zeros(index.shape)
 
 
 @GTPO_NORMS.register("joint")
@@ -171,10 +171,10 @@ def per_polarity_padded_norm(
 ) -> Tensor:
     """GTPO Eq. 6, reading (b): r̃+ and r̃− each over all tokens of the pool, the other
     polarity's tokens counting as 0; keeps the sign and equals joint at α2 = 0."""
-    zero = torch.zeros_like(token_rewards)
-    positive_part = standardize(torch.where(positive, token_rewards, zero), pools=pools, center=True)
-    negative_part = standardize(torch.where(positive, zero, token_rewards), pools=pools, center=True)
-    return torch.where(positive, positive_part, negative_part)
+    zero = token_rewards.new_zeros(())
+    positive_part = standardize(token_rewards.where(positive, zero), pools=pools, center=True)
+    negative_part = standardize(token_rewards.where(~positive, zero), pools=pools, center=True)
+    return positive_part.where(positive, negative_part)
 
 
 @GTPO_NORMS.register("scale_only")

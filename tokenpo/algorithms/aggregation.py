@@ -8,11 +8,14 @@ ranks therefore gives exactly the full-batch value and gradient.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from tokenpo.algorithms.masked import sequence_mean
 from tokenpo.registry import Registry
+
+# torch for annotations only: a config validates against these registries before torch is imported
+if TYPE_CHECKING:
+    import torch
 
 AGGREGATIONS = Registry("aggregation mode")
 

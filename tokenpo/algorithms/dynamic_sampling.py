@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
+# torch for annotations only: the config schema imports this module before torch is imported
+if TYPE_CHECKING:
+    import torch
 
 
 def select_mixed_groups(rewards: torch.Tensor, group_ids: torch.Tensor, needed: int) -> list[int]:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from tokenpo.algorithms.masked import dense_group_index, group_reduce, masked_mean
 from tokenpo.algorithms.ratios import LOG_RATIO_CLAMP
 from tokenpo.registry import Registry
 
+# torch for annotations only: a config validates against these registries before torch is imported
 if TYPE_CHECKING:
+    import torch
+
     from tokenpo.algorithms.config import AlgorithmConfig
 
 # the spec clamps the per-token estimate so one far-off token cannot dominate the penalty
@@ -40,7 +41,7 @@ def k2(d: torch.Tensor) -> torch.Tensor:
 def k3(d: torch.Tensor) -> torch.Tensor:
     """exp(d) − d − 1, unbiased and non-negative (k3: GRPO's KL estimator, DeepSeekMath arXiv 2402.03300
     §4.1.1)."""
-    return torch.exp(d) - d - 1
+    return d.exp() - d - 1
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
@@ -53,7 +54,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3"
 @KL_MASKS.register("none")
 def no_kl_mask(advantages, entropy, entropy_ref, mask: torch.Tensor) -> torch.Tensor:
     """No token gets the masked KL term."""
-    return torch.zeros_like(mask)
+    return mask.new_zeros(mask.shape)
 
 
 @KL_MASKS.register("tepo", needs_entropy=True)

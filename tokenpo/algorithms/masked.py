@@ -6,7 +6,11 @@ prompt, identified by equal `group_ids`.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+# torch for annotations only: the config schema imports this module before torch is imported
+if TYPE_CHECKING:
+    import torch
 
 
 def sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -21,7 +25,7 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def dense_group_index(group_ids: torch.Tensor) -> torch.Tensor:
     """Arbitrary group ids [B] -> 0..P-1 so they can index per-group buffers."""
-    return torch.unique(group_ids, return_inverse=True)[1]
+    return group_ids.unique(return_inverse=True)[1]
 
 
 def group_reduce(values: torch.Tensor, index: torch.Tensor, reduce: str = "sum") -> torch.Tensor:

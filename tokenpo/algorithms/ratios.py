@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from tokenpo.algorithms.masked import sequence_mean
 from tokenpo.registry import Registry
+
+# torch for annotations only: a config validates against these registries before torch is imported
+if TYPE_CHECKING:
+    import torch
 
 # exp of a log ratio beyond this overflows or drowns the batch; the spec clamps before exp
 LOG_RATIO_CLAMP = 20.0
@@ -14,7 +18,7 @@ RATIOS = Registry("importance ratio")
 
 
 def exp_clamped(log_ratio: torch.Tensor) -> torch.Tensor:
-    return torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
 
 
 def per_token(per_sequence: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -10,13 +13,24 @@ from tokenpo.data.arith import ArithConfig
 from tokenpo.data.loaders import SPLIT_SLOT, TABLE_SPECS, get_loader
 from tokenpo.data.prompts import OVERLONG_PROMPT, PromptTemplate
 from tokenpo.errors import ConfigError
-from tokenpo.rewards.extract import ANSWER_PATTERNS, FALLBACKS
-from tokenpo.rewards.verify import ANSWER_FORMATS
+from tokenpo.rewards.extract import ANSWER_FORMATS, ANSWER_PATTERNS, FALLBACKS
 from tokenpo.schema import from_dict
 
 # Reward defaults carried by the dataset (the reward config fills its nulls from these). A dataset states its
 # answers' format; `auto` (guess it from each gold answer) is left to the reward config.
 DATASET_ANSWER_FORMATS = tuple(name for name in ANSWER_FORMATS if name != "auto")
+# a `data.` key in an error message (not inside a path or a longer name such as mydata.x)
+_DATA_KEY_RE = re.compile(r"(?<![\w./-])data\.")
+
+
+@contextmanager
+def data_keys_under(key: str) -> Iterator[None]:
+    """A ConfigError raised inside names the data section's keys as `key` (eval.data, eval.extra[0].data) instead of
+    `data`: a benchmark's data section is checked by the code that checks the training data."""
+    try:
+        yield
+    except ConfigError as err:
+        raise ConfigError(_DATA_KEY_RE.sub(f"{key}.", str(err))) from err
 
 
 @dataclass

@@ -9,6 +9,10 @@ import socket
 import torch
 import torch.distributed as dist
 
+from tokenpo.deepspeed import name_the_accelerator
+
+name_the_accelerator()
+
 
 def free_port() -> int:
     with socket.socket() as sock:

@@ -6,11 +6,12 @@ import contextlib
 import copy
 import functools
 
-import deepspeed
-import torch
-from deepspeed.runtime.utils import clip_grad_norm_
-
+from tokenpo.deepspeed import dist  # noqa: F401  (names the accelerator before DeepSpeed is imported)
 from tokenpo.deepspeed.config import DeepSpeedConfig, engine_json
+
+import deepspeed  # noqa: E402  (isort: skip)
+import torch  # noqa: E402
+from deepspeed.runtime.utils import clip_grad_norm_  # noqa: E402
 
 
 def build_policy_engine(model, optimizer: torch.optim.Optimizer, ds: DeepSpeedConfig, *, micro_batch_size: int,

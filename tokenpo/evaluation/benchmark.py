@@ -10,6 +10,7 @@ import logging
 from dataclasses import replace
 
 from tokenpo.data import DataConfig, Example, data_config_from_dict, load_splits
+from tokenpo.data.config import data_keys_under
 from tokenpo.errors import ConfigError
 from tokenpo.evaluation.config import EvalConfig
 
@@ -17,18 +18,20 @@ log = logging.getLogger("tokenpo")
 
 
 def load_benchmark(eval_cfg: EvalConfig, data_cfg: DataConfig, seed: int, tokenizer,
-                   data_eval: list[Example] | None = None,
-                   train: list[Example] | None = None) -> tuple[list[Example], DataConfig]:
+                   data_eval: list[Example] | None = None, train: list[Example] | None = None,
+                   data_key: str = "eval.data") -> tuple[list[Example], DataConfig]:
     """(the first eval.max_problems problems, the data config they come from).
 
     eval.data set: that dataset's eval split. eval.data null: the eval split of `data_cfg`; `data_eval` is that
     split when the caller already loaded it (the trainer loads it with the training split), else it is read here.
     `tokenizer` counts prompt tokens for the benchmark's data.max_prompt_tokens. Problems whose text is also in
-    `train` (the run's training split) are left out before the cut, and counted in one log line.
+    `train` (the run's training split) are left out before the cut, and counted in one log line. Errors in
+    eval.data name it as `data_key` (eval.extra[i].data for an extra benchmark).
     """
     if eval_cfg.data is not None:
-        data_cfg = data_config_from_dict(eval_cfg.data)
-        _, examples = load_splits(data_cfg, seed, tokenizer)
+        with data_keys_under(data_key):
+            data_cfg = data_config_from_dict(eval_cfg.data)
+            _, examples = load_splits(data_cfg, seed, tokenizer)
     elif data_eval is not None:
         examples = data_eval
     elif data_cfg.eval_split is None:

@@ -11,6 +11,13 @@ from tokenpo.schema import from_dict
 SHARED_KEYS = ("every_steps", "before_training", "extra")
 
 
+def data_keys(extra) -> list[str]:
+    """The config key of the data section of eval and of each eval.extra entry (one without its own `data` has
+    eval's): what errors in a benchmark's data name."""
+    return ["eval.data", *(f"eval.extra[{i}].data" if isinstance(entry, dict) and "data" in entry else "eval.data"
+                           for i, entry in enumerate(extra))]
+
+
 @dataclass
 class EvalConfig:
     name: str = "arith"
@@ -32,6 +39,10 @@ class EvalConfig:
         base = {key: value for key, value in asdict(self).items() if key != "extra"}
         return [self, *(from_dict(EvalConfig, {**base, **entry}, f"eval.extra[{i}]")
                         for i, entry in enumerate(self.extra))]
+
+    def data_keys(self) -> list[str]:
+        """The config key of each benchmark's data section, in benchmarks() order (for error messages)."""
+        return data_keys(self.extra)
 
     def validate(self) -> None:
         names = [self.name]

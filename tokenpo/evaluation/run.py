@@ -14,6 +14,7 @@ from tokenpo.data import Example
 from tokenpo.deepspeed import dist
 from tokenpo.evaluation.config import EvalConfig
 from tokenpo.evaluation.metrics import summarize
+from tokenpo.progress import progress
 from tokenpo.rewards import CORRECT, count_verdicts, extract_answer
 from tokenpo.rewards.numbers import parse_answer_number
 from tokenpo.rollout.engine import Responses, SamplingParams
@@ -57,6 +58,9 @@ def evaluate(
     if cfg.n:
         protocols.append(("samples", SamplingParams(cfg.n, max_new_tokens, cfg.temperature, cfg.top_p, stop_token_ids)))
     for kind, params in protocols:
+        # rank 0's share on a terminal: responses done / total, rate, time left
+        bar = progress(total=len(mine) * params.num_samples, desc=f"eval {cfg.name} ({kind})", unit="response",
+                       enabled=rank == 0)
         for lo in range(0, len(mine), max(1, cfg.batch_size // params.num_samples)):
             batch = mine[lo : lo + max(1, cfg.batch_size // params.num_samples)]
             out = generate([prompt_ids(ex) for ex in batch], params, generator)
@@ -77,6 +81,8 @@ def evaluate(
                     record["samples"] = responses
                     record["correct"] = [s["verdict"] == CORRECT for s in responses]
                     record["answers"] = [vote_key(s["answer"]) for s in responses]
+            bar.update(len(texts))
+        bar.close()
     gathered = [rec for part in dist.all_gather_objects(records) for rec in part]
     metrics = summarize(gathered, cfg.pass_k) if gathered else {}
     responses = [r["greedy"] for r in gathered if "greedy" in r]

@@ -13,6 +13,7 @@ from tokenpo.logger.wandb_files import offline_steps
 
 log = logging.getLogger("tokenpo")
 
+SAMPLES_FILE = "samples.jsonl"
 CONSOLE_KEYS = (("reward/mean", "reward"), ("accuracy", "acc"), ("entropy/mean", "entropy"),
                 ("response_length/mean", "len"), ("loss", "loss"), ("kl/ref", "kl_ref"),
                 ("timing/step_s", "s/step"), ("eval/accuracy", "eval_acc"))
@@ -26,6 +27,11 @@ def wandb_mode(cfg: LoggerConfig) -> str:
         return os.environ["WANDB_MODE"]
     has_key = bool(os.environ.get("WANDB_API_KEY")) or (Path.home() / ".netrc").is_file()
     return "online" if has_key else "offline"
+
+
+def samples_due(cfg: LoggerConfig, step: int) -> bool:
+    """A table of training rollouts at this step (evaluations log theirs whenever samples are on)."""
+    return bool(cfg.samples_every) and step % cfg.samples_every == 0
 
 
 def _finite(value):
@@ -51,6 +57,7 @@ class RunLogger:
         self.cfg = cfg
         self.enabled = enabled
         self.path = run_dir / "metrics.jsonl"
+        self.samples_path = run_dir / SAMPLES_FILE
         self.wandb_run = None
         if not enabled:
             return
@@ -99,6 +106,20 @@ class RunLogger:
         if step % self.cfg.console_every == 0 or "eval/accuracy" in metrics:
             parts = [f"{label} {metrics[key]:.3g}" for key, label in CONSOLE_KEYS if key in metrics]
             log.info("step %d | %s", step, " | ".join(parts))
+
+    def log_samples(self, step: int, table: str, rows: list[dict]) -> None:
+        """`rows` (tokenpo.logger.samples) as the W&B table samples/<table> at `step`, and appended to samples.jsonl
+        with `table` in each row; nothing when logger.samples_every is 0."""
+        if not self.enabled or not self.cfg.samples_every or not rows:
+            return
+        with open(self.samples_path, "a") as f:
+            f.writelines(json.dumps({"table": table, **row}) + "\n" for row in rows)
+        if self.wandb_run is not None:
+            import wandb
+
+            columns = list(rows[0])
+            data = [[row[column] for column in columns] for row in rows]
+            self.wandb_run.log({f"samples/{table}": wandb.Table(columns=columns, data=data)}, step=step)
 
     def finish(self) -> None:
         if self.wandb_run is not None:

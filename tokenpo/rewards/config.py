@@ -7,8 +7,7 @@ from typing import Mapping
 
 from tokenpo.errors import ConfigError
 from tokenpo.schema import from_dict
-from tokenpo.rewards.extract import ANSWER_PATTERNS, FALLBACKS
-from tokenpo.rewards.verify import ANSWER_FORMATS
+from tokenpo.rewards.extract import ANSWER_FORMATS, ANSWER_PATTERNS, FALLBACKS
 
 # Fields a dataset may set (arith: number + last_number; math: expression); null here defers to the dataset.
 DATASET_FIELDS = ("answer_format", "answer_pattern", "fallback")

@@ -25,7 +25,7 @@ from tokenpo.errors import ConfigError
 from tokenpo.rewards.config import DATASET_FIELDS, RewardConfig
 from tokenpo.rewards.user_fn import load_reward_fn, user_fn_verdict
 from tokenpo.rewards.verdicts import ERROR, TIMEOUT
-from tokenpo.rewards.verify import judge
+from tokenpo.rewards.verify import expression_libraries, judge
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,8 @@ def _worker_main(conn: Connection, fn_path: str | None, judge_kwargs: dict) -> N
     except ConfigError as error:
         conn.send(("init_error", str(error)))
         return
+    if user_fn is None and judge_kwargs["answer_format"] != "number":
+        expression_libraries()  # math-verify's import (a second or more) before "ready", outside any item's clock
     conn.send(("ready", None))
     while True:
         try:
@@ -103,7 +105,8 @@ class RewardScorer:
                 )
         if cfg.fn is not None:
             load_reward_fn(cfg.fn)  # a bad path fails here, at start-up, rather than in every worker
-        judge_kwargs = {name: getattr(cfg, name) for name in (*DATASET_FIELDS, "reasoning_tag", "timeout_s", "decimal_tolerance")}
+        judge_kwargs = {name: getattr(cfg, name)
+                        for name in (*DATASET_FIELDS, "reasoning_tag", "timeout_s", "decimal_tolerance")}
         self._worker_args = (cfg.fn, judge_kwargs)
         self._item_limit_s = cfg.timeout_s + KILL_GRACE_S
         self._max_items = cfg.worker_max_items

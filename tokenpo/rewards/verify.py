@@ -1,18 +1,15 @@
 """Judge one response against its gold answer: exact numeric literals, or math-verify equivalence."""
 
+import functools
 import logging
 import re
 import signal
 import threading
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Iterator
 
-from math_verify import parse as math_verify_parse
-from sympy import Float, Rational, Tuple
-from math_verify import verify as math_verify_equal
-from math_verify.errors import TimeoutException
-
-from tokenpo.rewards.extract import extract_answer
+from tokenpo.rewards.extract import ANSWER_FORMATS, extract_answer
 from tokenpo.rewards.latex import BOX_OPEN_RE
 from tokenpo.rewards.numbers import parse_answer_number, parse_gold_number
 from tokenpo.rewards.prose import hedged
@@ -25,7 +22,6 @@ from tokenpo.rewards.verdicts import (
     WRONG,
 )
 
-ANSWER_FORMATS = ("auto", "number", "expression")
 _UNESCAPED_DOLLAR_RE = re.compile(r"(?<!\\)\$")
 # math-verify's own timeouts are off (they are whole-second alarms that would cancel _time_limit's timer),
 # and it warns once per process that they are; _time_limit is the timeout it asks its caller to provide.
@@ -42,13 +38,29 @@ def resolve_answer_format(answer_format: str, gold: str) -> str:
     return "number" if parse_gold_number(gold) is not None else "expression"
 
 
+class RewardTimeout(BaseException):
+    """The time budget of one response is spent: a BaseException, so the `except Exception` around math-verify's
+    calls lets it through."""
+
+
+@functools.cache
+def expression_libraries() -> SimpleNamespace:
+    """math-verify and sympy, imported with the first expression answer, before its timer starts (a second or more:
+    numeric answers, config checks and a scoring worker's start need neither)."""
+    import math_verify
+    import sympy
+
+    return SimpleNamespace(parse=math_verify.parse, equal=math_verify.verify, Float=sympy.Float,
+                           Rational=sympy.Rational, Tuple=sympy.Tuple)
+
+
 def _raise_timeout(signum, frame) -> None:
-    raise TimeoutException("reward time budget spent")
+    raise RewardTimeout("reward time budget spent")
 
 
 @contextmanager
 def _time_limit(seconds: float) -> Iterator[None]:
-    """Raise TimeoutException in the block once it has run `seconds`, to the millisecond.
+    """Raise RewardTimeout in the block once it has run `seconds`, to the millisecond.
 
     A SIGALRM interval timer works only in a process's main thread; elsewhere the block runs unbounded
     and only the worker pool's kill protects the caller. Code stuck inside C (sympy, huge integers)
@@ -71,8 +83,9 @@ def _math_verify_parse(text: str) -> list:
     # math-verify finds LaTeX only between delimiters, so a plain gold such as \frac{\pi}{2} gets `$...$`
     latex = text if _UNESCAPED_DOLLAR_RE.search(text) or "\\boxed" in text else f"${text}$"
     try:
-        return math_verify_parse(latex, fallback_mode="no_fallback", parsing_timeout=None, raise_on_error=True)
-    except Exception:  # input math-verify cannot read is "nothing parsed"; its TimeoutException passes through
+        return expression_libraries().parse(latex, fallback_mode="no_fallback", parsing_timeout=None,
+                                            raise_on_error=True)
+    except Exception:  # input math-verify cannot read is "nothing parsed"; RewardTimeout passes through
         return []
 
 
@@ -90,12 +103,13 @@ def _number_verdict(answer: str | None, gold: str) -> str:
 
 def _exact_decimals(expr):
     """`expr` with each decimal literal replaced by the fraction it writes (0.333333 -> 333333/1000000)."""
-    return expr.xreplace({f: Rational(str(f)) for f in expr.atoms(Float)})
+    lib = expression_libraries()
+    return expr.xreplace({f: lib.Rational(str(f)) for f in expr.atoms(lib.Float)})
 
 
 def _within(gold, answer, tolerance: float) -> bool:
     """True if `answer` is a number (or a tuple of them) within `tolerance` of `gold`'s, entry by entry."""
-    if isinstance(gold, Tuple) and isinstance(answer, Tuple):
+    if isinstance(gold, expression_libraries().Tuple) and isinstance(answer, expression_libraries().Tuple):
         return len(gold) == len(answer) and all(_within(g, a, tolerance) for g, a in zip(gold, answer))
     difference = (gold - answer).evalf() if getattr(gold, "is_number", False) and answer.is_number else None
     return difference is not None and difference.is_real is True and abs(difference) <= tolerance
@@ -108,11 +122,12 @@ def _pair_matches(gold_item, answer_item, decimal_tolerance: float | None) -> bo
     decimal a policy can learn in place of the exact answer. Here the answer's decimals are read as the fractions
     they write (0.5 is 1/2 and still matches), unless `decimal_tolerance` (> 0) accepts a number that close.
     """
-    exact_gold = hasattr(gold_item, "atoms") and not gold_item.atoms(Float)
-    if not (exact_gold and hasattr(answer_item, "atoms") and answer_item.atoms(Float)):
-        return math_verify_equal(gold_item, answer_item, timeout_seconds=None, raise_on_error=True)
+    lib = expression_libraries()
+    exact_gold = hasattr(gold_item, "atoms") and not gold_item.atoms(lib.Float)
+    if not (exact_gold and hasattr(answer_item, "atoms") and answer_item.atoms(lib.Float)):
+        return lib.equal(gold_item, answer_item, timeout_seconds=None, raise_on_error=True)
     exact_answer = _exact_decimals(answer_item)
-    if math_verify_equal(gold_item, exact_answer, timeout_seconds=None, raise_on_error=True):
+    if lib.equal(gold_item, exact_answer, timeout_seconds=None, raise_on_error=True):
         return True
     return bool(decimal_tolerance) and _within(gold_item, exact_answer, decimal_tolerance)
 
@@ -166,10 +181,11 @@ def judge(
     answer = extract_answer(response, answer_pattern, fallback, reasoning_tag)
     if answer_format == "number":
         return _number_verdict(answer, gold)
+    expression_libraries()  # imported outside the time budget
     try:
         with _time_limit(timeout_s):
             return _expression_verdict(answer, gold, decimal_tolerance)
-    except TimeoutException:
+    except RewardTimeout:
         return TIMEOUT
 
 

@@ -55,7 +55,7 @@ class RolloutConfig:
         from tokenpo.rollout.engine import ENGINES
 
         # the name only: an engine's package is needed where it runs (build_engine), not to validate a config
-        ENGINES.get(self.engine)
+        ENGINES.check(self.engine)
         if self.group_size < 1:
             raise ConfigError(f"rollout.group_size must be >= 1, got {self.group_size}")
         if self.max_new_tokens < 1:

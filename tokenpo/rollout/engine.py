@@ -12,12 +12,12 @@ import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-import torch
-
 from tokenpo.errors import ConfigError
 from tokenpo.registry import Registry
 
 if TYPE_CHECKING:
+    import torch
+
     from tokenpo.deepspeed.config import DeepSpeedConfig
     from tokenpo.rollout.config import RolloutConfig
 
@@ -62,16 +62,18 @@ class RolloutEngine(Protocol):
 
 
 ENGINES = Registry("rollout.engine")
+# declared here and registered by their modules, which import transformers or vLLM only when an engine is built
+ENGINES.declare("hf", "tokenpo.rollout.hf")
+ENGINES.declare("vllm", "tokenpo.rollout.vllm_engine", requires="vllm", logprobs=True)
 
 
 def get_engine(name: str) -> type:
     """The engine class registered as `name`; one that needs a package not installed here is a ConfigError."""
-    engine = ENGINES.get(name)
     package = ENGINES.trait(name, "requires")
     if package and importlib.util.find_spec(package) is None:
         raise ConfigError(f"rollout.engine={name} needs the {package!r} package, which this Python does not have: "
                           f"run with the environment `bash scripts/setup_vllm.sh` prints (docs/rollout.md)")
-    return engine
+    return ENGINES.get(name)
 
 
 def build_engine(cfg: RolloutConfig, policy, tokenizer, deepspeed: DeepSpeedConfig | None = None) -> RolloutEngine:

@@ -43,7 +43,7 @@ def model_folder(module: torch.nn.Module, tokenizer) -> tempfile.TemporaryDirect
     return folder
 
 
-@ENGINES.register("vllm", requires="vllm", logprobs=True)
+@ENGINES.register("vllm")
 class VLLMEngine:
     def __init__(self, cfg, policy, tokenizer, deepspeed=None) -> None:
         # colocated: vLLM runs in this process (its worker reads the weights this process streams to it)

@@ -13,15 +13,12 @@ Every rank writes its own shards into the same folder, so a multi-node run dir m
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import pickle
 import random
-import re
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -30,26 +27,28 @@ import torch.distributed as torch_dist
 
 from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
+from tokenpo.trainer.checkpoint_layout import (
+    LATEST,
+    META,
+    MANIFEST,
+    TAG,
+    TMP_PREFIX,
+    CheckpointError,
+    check_lora,
+    file_records,
+    read_json,
+    replace_text,
+    resume_dir_on_disk,
+    step_dirs,
+    step_of,
+    verify,
+)
 from tokenpo.trainer.rundir import move_aside
 
 log = logging.getLogger("tokenpo")
 
-TAG = "state"
-META = "tokenpo.json"
-MANIFEST = "manifest.json"
-LATEST = "latest"
-TMP_PREFIX = ".tmp-"
-STEP_DIR = re.compile(r"step_(\d+)")
 # RNG files written before they held tensors only keep numpy's key as an ndarray: allow exactly those types
 NUMPY_ARRAY_TYPES = [np.ndarray, np.dtype, np.dtypes.UInt32DType, np._core.multiarray._reconstruct]
-# files hashed at once (hashlib releases the GIL on large reads)
-HASH_THREADS = 8
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint cannot be resumed from; the one-line message names the file and what is wrong with it."""
-
-
 def _barrier() -> None:
     if dist.world_size() > 1:
         torch_dist.barrier()
@@ -72,22 +71,6 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
-
-
-def _replace_text(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically (a reader sees the old or the new content, never a mix)."""
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def step_dirs(root: Path) -> list[Path]:
-    """The checkpoint folders under `root`, oldest step first (by number: names sort wrongly past 999999)."""
-    return sorted((p for p in root.glob("step_*") if STEP_DIR.fullmatch(p.name) and p.is_dir()), key=step_of)
-
-
-def step_of(path: Path) -> int:
-    return int(STEP_DIR.fullmatch(path.name).group(1))
 
 
 def save(engine, root: Path, step: int, client_state: dict, keep_last: int, lora: dict | None = None) -> Path:
@@ -114,11 +97,11 @@ def save(engine, root: Path, step: int, client_state: dict, keep_last: int, lora
             meta["lora"] = lora
         (tmp / META).write_text(json.dumps(meta))
         # last: a folder with a manifest holds every file it lists
-        (tmp / MANIFEST).write_text(json.dumps(_file_records(tmp), indent=1))
+        (tmp / MANIFEST).write_text(json.dumps(file_records(tmp), indent=1))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _replace_text(root / LATEST, json.dumps({"step": step, "path": final.name}))
+        replace_text(root / LATEST, json.dumps({"step": step, "path": final.name}))
         # by step, and never the one just written (later-numbered folders of another history were set aside)
         earlier = [p for p in step_dirs(root) if step_of(p) < step]
         for old in earlier[:max(len(earlier) - (keep_last - 1), 0)]:
@@ -127,123 +110,20 @@ def save(engine, root: Path, step: int, client_state: dict, keep_last: int, lora
     return final
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _file_records(folder: Path) -> dict[str, dict]:
-    """{path relative to `folder`: {"bytes", "sha256"}} for every file in it but the manifest."""
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
-    with ThreadPoolExecutor(HASH_THREADS) as pool:
-        digests = pool.map(_sha256, files)
-    return {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": d} for p, d in zip(files, digests)}
-
-
-def verify(path: Path, quick: bool = False) -> None:
-    """Raise CheckpointError naming the first file of checkpoint `path` that is missing, truncated or changed since
-    it was saved (`quick`: missing or resized only, no hashing). A checkpoint written before manifests existed is
-    accepted with a warning."""
-    manifest = path / MANIFEST
-    if not manifest.is_file():
-        if not (path / TAG).is_dir():
-            raise CheckpointError(f"checkpoint {path}: no '{TAG}' folder and no {MANIFEST} (incomplete)")
-        if not quick:
-            log.warning("checkpoint %s has no %s (saved before checksums were recorded): loading it unverified",
-                        path, MANIFEST)
-        return
-    try:
-        expected = {name: (int(record["bytes"]), str(record["sha256"]))
-                    for name, record in json.loads(manifest.read_text()).items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise CheckpointError(f"{manifest}: unreadable ({type(err).__name__}: {err})") from None
-    for name, (size, _) in expected.items():
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"{file}: missing (listed in {MANIFEST})")
-        if file.stat().st_size != size:
-            raise CheckpointError(f"{file}: {file.stat().st_size} bytes, {size} when saved (truncated or overwritten)")
-    if quick:
-        return
-    with ThreadPoolExecutor(HASH_THREADS) as pool:
-        digests = dict(zip(expected, pool.map(_sha256, [path / name for name in expected])))
-    for name, (_, sha256) in expected.items():
-        if digests[name] != sha256:
-            raise CheckpointError(f"{path / name}: sha256 differs from the one recorded when saved (corrupted)")
-
-
 def find_resume_dir(resume: str, run_dir: Path, quick: bool = False) -> Path | None:
     """`auto`: the newest checkpoint of this run dir that verifies, if any; `none`; or a checkpoint folder / run dir
     path, which must verify. Rank 0 reads and hashes; every rank gets its answer (or its error). `quick` (a start-up
     check; the run looks again in full): no hashing and no log lines."""
-    if resume == "none":
-        return None
     answer = None
     if dist.is_main():
         try:
-            if resume == "auto":
-                answer = _newest_verified(run_dir / "checkpoints", quick)
-            else:
-                answer = _verified_at(Path(resume), quick)
+            answer = resume_dir_on_disk(resume, run_dir, quick)
         except ConfigError as err:
             answer = err
     answer = dist.broadcast_object(answer)
     if isinstance(answer, ConfigError):
         raise answer
     return answer
-
-
-def _newest_verified(root: Path, quick: bool) -> Path | None:
-    """The newest checkpoint under `root` that verifies; one warning line for those skipped and a lost `latest`."""
-    notes = []
-    for path in reversed(step_dirs(root)):
-        try:
-            verify(path, quick)
-        except CheckpointError as err:
-            notes.append(f"skipped {err}")
-            continue
-        try:
-            latest = _latest_target(root, "auto")
-            if latest != path and not notes:
-                notes.append(f"{root / LATEST} names {latest.name}")
-        except CheckpointError as err:
-            notes.append(str(err))
-        if notes and not quick:
-            log.warning("trainer.resume=auto: %s; resuming from %s", "; ".join(notes), path)
-        return path
-    if notes:
-        raise CheckpointError(f"trainer.resume=auto: no checkpoint in {root} verifies ({'; '.join(notes)}); "
-                              f"trainer.resume=none starts over and moves them aside")
-    return None
-
-
-def _verified_at(path: Path, quick: bool) -> Path:
-    """trainer.resume=<path>: a checkpoint folder, or the one `latest` names in a run dir or its checkpoints folder."""
-    if not (path / TAG).is_dir() and not (path / MANIFEST).is_file():
-        root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-        if not (root / LATEST).is_file():
-            raise ConfigError(f"trainer.resume={str(path)!r}: no checkpoint there (neither a '{TAG}' folder nor a "
-                              f"'{LATEST}' file)")
-        path = _latest_target(root, str(path))
-    verify(path, quick)
-    return path
-
-
-def _latest_target(root: Path, resume: str) -> Path:
-    latest = root / LATEST
-    if not latest.is_file():
-        raise CheckpointError(f"{latest} is missing")
-    try:
-        name = json.loads(latest.read_text())["path"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{latest}: unreadable ({type(err).__name__}: {err})") from None
-    path = root / str(name)
-    if not (path / TAG).is_dir():
-        raise CheckpointError(f"trainer.resume={resume!r}: {latest} names {path.name}, which is missing or incomplete")
-    return path
 
 
 def set_aside_stale(root: Path, resume_dir: Path | None) -> None:
@@ -260,7 +140,7 @@ def set_aside_stale(root: Path, resume_dir: Path | None) -> None:
     folder = move_aside(stale, root)
     # the next save rewrites it; until then it names the checkpoint continued, or none
     if here:
-        _replace_text(root / LATEST, json.dumps({"step": continued, "path": resume_dir.name}))
+        replace_text(root / LATEST, json.dumps({"step": continued, "path": resume_dir.name}))
     elif (root / LATEST).is_file():
         os.replace(root / LATEST, folder / LATEST)
     log.warning("moved %d checkpoint(s) this run does not continue (%s) to %s", len(stale),
@@ -271,7 +151,7 @@ def load(engine, path: Path, lora: dict | None = None) -> dict:
     """Restore the engine (model, optimizer) and this rank's RNG states; return the client state. `lora`: this
     run's LoRA settings, which must be the checkpoint's (a LoRA checkpoint holds no base weights)."""
     # DeepSpeed's own errors for these mismatches are far from one line (its universal checkpoint converts)
-    meta = _read_json(path / META) if (path / META).is_file() else {}
+    meta = read_json(path / META) if (path / META).is_file() else {}
     if meta.get("world_size", dist.world_size()) != dist.world_size():
         raise ConfigError(f"checkpoint {path} was written by {meta['world_size']} process(es); resume it with "
                           f"{meta['world_size']}, not {dist.world_size()}")
@@ -290,30 +170,6 @@ def load(engine, path: Path, lora: dict | None = None) -> dict:
         raise ConfigError(f"checkpoint {path}: DeepSpeed could not load it (see its log above)")
     set_rng_state(rng)
     return client_state or {}
-
-
-def check_lora(path: Path, lora: dict | None) -> None:
-    """The checkpoint at `path` was trained with the LoRA settings `lora` (None: full fine-tuning; checkpoints from
-    before LoRA existed are full fine-tuning); one line naming the keys that differ otherwise."""
-    meta = _read_json(path / META) if (path / META).is_file() else {}
-    saved = meta.get("lora")
-    if saved == lora:
-        return
-    if saved is None or lora is None:
-        what = "full fine-tuning" if saved is None else f"LoRA rank {saved['rank']}"
-        raise ConfigError(f"checkpoint {path} was trained with {what}: resume it with "
-                          + ("model.lora.rank=0" if saved is None else f"model.lora.rank={saved['rank']}")
-                          + " (model.lora settings must match the checkpoint's)")
-    diffs = ", ".join(f"model.lora.{k}={saved.get(k)!r} (not {lora.get(k)!r})" for k in sorted(set(saved) | set(lora))
-                      if saved.get(k) != lora.get(k))
-    raise ConfigError(f"checkpoint {path} was trained with other LoRA settings: resume it with {diffs}")
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except ValueError as err:
-        raise CheckpointError(f"{path}: not JSON ({err})") from None
 
 
 def _load_rng(path: Path) -> dict:
@@ -338,7 +194,7 @@ def trim_metrics(path: Path, last_step: int) -> None:
     lines = path.read_text().splitlines(keepends=True)
     kept = [line for line in lines if _record_step(line) is not None and _record_step(line) <= last_step]
     if len(kept) != len(lines):
-        _replace_text(path, "".join(kept))
+        replace_text(path, "".join(kept))
 
 
 def _record_step(line: str) -> int | None:

@@ -29,8 +29,6 @@ import threading
 import time
 from pathlib import Path
 
-from tokenpo.deepspeed.dist import free_port
-
 RESOLVED = "resolved_config.json"
 # environment variable: the pid of the job that started a worker (the worker dies with it)
 LAUNCHER_PID = "TOKENPO_LAUNCHER_PID"
@@ -173,6 +171,8 @@ def launch_local_workers(nproc: int, run_dir: Path, name: str, group: str, resol
     Raises SystemExit with the first failing worker's status."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / RESOLVED).write_text(json.dumps({"config": resolved, "name": name, "group": group}))
+    from tokenpo.deepspeed.dist import free_port  # here: dist imports torch, and start-up checks run without it
+
     port = free_port()
     # own session: a terminal's Ctrl-C reaches the job only, which forwards it once (a second one aborts)
     procs = [subprocess.Popen([sys.executable, "-m", "tokenpo.trainer.worker", str(run_dir)],

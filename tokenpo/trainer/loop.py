@@ -20,7 +20,8 @@ from tokenpo.deepspeed.export import export_hf
 from tokenpo.evaluation.benchmark import load_benchmark
 from tokenpo.evaluation.config import EvalConfig
 from tokenpo.evaluation.run import evaluate, sample_lines
-from tokenpo.logger.run_logger import RunLogger
+from tokenpo.logger.run_logger import SAMPLES_FILE, RunLogger, samples_due
+from tokenpo.logger.samples import eval_rows, rollout_rows
 from tokenpo.models.loading import load_model
 from tokenpo.rewards import RewardScorer
 from tokenpo.rollout.engine import build_engine
@@ -62,13 +63,16 @@ def eval_benchmark(ctx: RunContext, bench: EvalConfig, eval_examples: list[Examp
     return flat, records
 
 
-def evaluate_benchmarks(ctx: RunContext, benchmarks: list, step: int, run_dir: Path, stem: str | None) -> dict:
-    """Every benchmark (eval, then eval.extra) at this step: their metrics merged; with `stem`, each one's records
-    into <stem>.json (the main benchmark) or <stem>.<name>.json."""
+def evaluate_benchmarks(ctx: RunContext, benchmarks: list, step: int, run_dir: Path, stem: str | None,
+                        logger: RunLogger) -> dict:
+    """Every benchmark (eval, then eval.extra) at this step: their metrics merged, their responses as sample tables;
+    with `stem`, each one's records into <stem>.json (the main benchmark) or <stem>.<name>.json."""
     merged = {}
     for bench, examples, data_cfg in benchmarks:
         metrics, records = eval_benchmark(ctx, bench, examples, data_cfg, step)
         merged.update(metrics)
+        logger.log_samples(step, f"eval/{bench.name}", eval_rows(step, bench.name, records,
+                                                                 ctx.cfg.logger.samples_rows))
         if stem is not None:
             main = bench is ctx.cfg.eval
             if main:
@@ -110,8 +114,8 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
     optimizer = build_optimizer(model, cfg.trainer)
     policy = build_policy_engine(model, optimizer, cfg.deepspeed, **sizes)
     train_examples, train_eval = load_splits(cfg.data, cfg.seed, tokenizer)
-    benchmarks = [(bench, *load_benchmark(bench, cfg.data, cfg.seed, tokenizer, train_eval, train_examples))
-                  for bench in cfg.eval.benchmarks()]
+    benchmarks = [(bench, *load_benchmark(bench, cfg.data, cfg.seed, tokenizer, train_eval, train_examples, key))
+                  for bench, key in zip(cfg.eval.benchmarks(), cfg.eval.data_keys())]
     benchmarks = [(bench, examples, data_cfg) for bench, examples, data_cfg in benchmarks if examples]
     sampler = PromptSampler(train_examples, cfg.data.prompts_per_step, cfg.seed)
     stop = StopRequest()
@@ -129,7 +133,8 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             log.info("resumed from %s at step %d", resume_dir, start_step)
             rollout_engine.sync_weights(policy)
         # steps after the checkpoint (or a whole earlier attempt) are logged again below
-        checkpoint.trim_metrics(run_dir / "metrics.jsonl", start_step if resume_dir is not None else -1)
+        for log_file in ("metrics.jsonl", SAMPLES_FILE):
+            checkpoint.trim_metrics(run_dir / log_file, start_step if resume_dir is not None else -1)
         logger = RunLogger(cfg.logger, run_dir, enabled=dist.is_main(), run_name=run_name, group=group,
                            config=resolved, resume_id=wandb_id)
         if dist.is_main():
@@ -139,7 +144,7 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
         if start_step < cfg.trainer.max_steps and worst_case_enabled(cfg, device):
             run_worst_case(ctx, train_examples)
         if start_step == 0 and benchmarks and cfg.eval.before_training:
-            metrics = evaluate_benchmarks(ctx, benchmarks, 0, run_dir, "eval_before")
+            metrics = evaluate_benchmarks(ctx, benchmarks, 0, run_dir, "eval_before", logger)
             history["eval_before"] = metrics.get("eval/accuracy")
             # the training clock starts after this evaluation: the before-training point sits at 0 s
             logger.log(0, {**metrics, "time/elapsed_s": 0.0, "tokens/generated_total": 0.0})
@@ -171,8 +176,12 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             metrics["tokens/generated"] = float(rollouts.generated_tokens)
             metrics["tokens/generated_total"] = float(history["generated_tokens"])
             last = step == cfg.trainer.max_steps
-            if benchmarks and (last or (cfg.eval.every_steps and step % cfg.eval.every_steps == 0)):
-                eval_metrics = evaluate_benchmarks(ctx, benchmarks, step, run_dir, "eval_after" if last else None)
+            evaluated = bool(benchmarks) and (last or bool(cfg.eval.every_steps and step % cfg.eval.every_steps == 0))
+            if samples_due(cfg.logger, step) or evaluated:
+                logger.log_samples(step, "rollouts", rollout_rows(step, rollouts, ctx.reward, cfg.logger.samples_rows))
+            if evaluated:
+                eval_metrics = evaluate_benchmarks(ctx, benchmarks, step, run_dir, "eval_after" if last else None,
+                                                   logger)
                 metrics.update(eval_metrics)
                 if last:
                     history["eval_after"] = eval_metrics.get("eval/accuracy")

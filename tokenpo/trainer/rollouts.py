@@ -35,6 +35,7 @@ class StepRollouts:
     filled_groups: int = 0  # all-equal groups added to reach prompts_per_step (on_exhausted: fill)
     dropped_groups: int = 0  # mixed groups left out: beyond prompts_per_step, or the uneven rest (keep_partial)
     exhausted: bool = False  # max_gen_batches rounds found fewer mixed groups than prompts_per_step
+    rewards: list[float] = field(default_factory=list)  # each sequence's shaped reward, set by the update
 
     @property
     def group_size(self) -> int:

@@ -139,6 +139,7 @@ def train_on_rollouts(ctx, rollouts: StepRollouts, timings) -> dict[str, float]:
     width = max(1, max(lengths))  # of the step's [N, T] tensors
     batch = step_batch(ctx, rollouts, None if old_entropy is None else gather_rows(old_entropy, len(lengths), width))
     step = alg.prepare_step(acfg, batch)
+    rollouts.rewards = step.rewards.tolist()  # for the samples table (tokenpo.logger.samples)
     metrics = dict(step.metrics)
 
     means = WeightedMeans()

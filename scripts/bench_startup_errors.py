@@ -1,0 +1,103 @@
+"""Time every kind of bad input of the suite's start-up tests: `python -m tokenpo.train <overrides>` until its one-line
+error, wall-clock seconds each, then the slowest and the median (issue 23: each under 2 s on the 2-core CPU machine).
+
+    .venv/bin/python scripts/bench_startup_errors.py [--repeats 3]
+
+The cases are those of tests/test_train_cli.py, tests/test_preflight.py, tests/plan/test_startup.py,
+tests/trainer/test_sweep.py, tests/models/test_loading.py and tests/rewards/test_decimals.py, run as a user runs them
+(a fresh process each, from the repository). Each case's time is its fastest of --repeats runs (the machine's noise
+only adds); a case that exits 0, prints a traceback or more than one error line is reported as FAILED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cases(tmp: Path) -> list[tuple[str, list[str], dict]]:
+    """(what the suite's test checks, overrides, extra environment)."""
+    latin1 = tmp / "latin1.jsonl"
+    latin1.write_bytes('{"problem": "café: 1+1?", "answer": "2"}\n'.encode("latin-1"))
+    bad_latest = tmp / "old_run" / "checkpoints"
+    bad_latest.mkdir(parents=True)
+    (bad_latest / "latest").write_text("not json")
+    tiny = ["model=tiny"]
+    extra = ("+eval.extra=[{name: other, data: {name: other, loader: gsm8k, path: /nonexistent/other.jsonl, "
+             "train_split: null, eval_split: test}}]")
+    good_gsm8k = tmp / "gsm8k.jsonl"
+    good_gsm8k.write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    return [
+        ("bad value", ["rollout.group_size=-2"], {}),
+        ("model folder missing", [*tiny, "model.source=local", "model.path=/nonexistent"], {}),
+        ("unknown algorithm", ["algorithm=grpoo"], {}),
+        ("unknown deepspeed option", ["deepspeed=zero22"], {}),
+        ("unknown eval option", ["eval=aime99"], {}),
+        ("unknown option in a sweep", ["-m", "algorithm=grpo,grpoo"], {}),
+        ("unknown key", ["trainer.foo=1"], {}),
+        ("unknown experiment", ["experiment=dapo_ladder/9_nope"], {}),
+        ("sweep without -m", ["seed=0,1"], {}),
+        ("bad value in a later sweep job", ["-m", "rollout.group_size=4,-2"], {}),
+        ("override syntax", ["trainer.lr=[1,"], {}),
+        ("tiny heads", [*tiny, "model.tiny.num_heads=3"], {}),
+        ("data file not UTF-8", [*tiny, "data=file", f"data.path={latin1}", "data.eval_split=null"], {}),
+        ("data file missing", [*tiny, "data=file", "data.path=/nonexistent/train.jsonl", "data.eval_split=null"], {}),
+        ("eval data file missing", [*tiny, "eval=gsm8k", "eval.data.path=/nonexistent/gsm8k.jsonl"], {}),
+        ("eval.extra data file missing", [*tiny, "eval=gsm8k", f"eval.data.path={good_gsm8k}", extra], {}),
+        ("reward.fn module missing", [*tiny, "reward.fn=no_such_module:score"], {}),
+        ("reward.fn signature", [*tiny, "reward.fn=test_train_cli:read_metrics"], {}),
+        ("reward.fn with trainer.nproc=2", [*tiny, "trainer.nproc=2", "reward.fn=no_such_module:score"], {}),
+        ("reward.decimal_tolerance", [*tiny, "reward.decimal_tolerance=-1"], {}),
+        ("resume: no checkpoint", [*tiny, "trainer.resume=/nonexistent/run"], {}),
+        ("resume: latest not JSON", [*tiny, f"trainer.resume={tmp / 'old_run'}"], {}),
+        ("hub model offline", ["model=qwen2_5_7b"], {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp / "hf")}),
+        ("tokenizer_from unknown", [*tiny, "model.tokenizer_from=nosuch"], {}),
+        ("memory limit unreadable", [*tiny, "trainer.memory_limit=lots"], {}),
+        ("memory limit exceeded", [*tiny, "trainer.memory_limit=1KiB"], {}),
+        ("sweep objective unknown", ["-m", *tiny, "seed=0,1", "trainer.objective=eval/arith/pass@4"], {}),
+        ("submitit tasks vs nproc", ["-m", *tiny, "seed=0,1", "hydra/launcher=submitit_local", "trainer.nproc=2"], {}),
+    ]
+
+
+def run_case(overrides: list[str], env: dict, tmp: Path) -> tuple[float, str]:
+    env = dict(os.environ, **env, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "tests"),
+                                                                          os.environ.get("PYTHONPATH")])))
+    argv = [sys.executable, "-m", "tokenpo.train", *overrides, "logger.mode=disabled",
+            f"hydra.run.dir={tmp / 'run'}", f"hydra.sweep.dir={tmp / 'sweep'}"]
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    seconds = time.perf_counter() - start
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("tokenpo: error:")]
+    if proc.returncode == 0 or "Traceback" in proc.stderr or len(errors) != 1:
+        return seconds, f"FAILED (exit {proc.returncode}): {(proc.stderr or proc.stdout)[-300:]!r}"
+    return seconds, errors[0][len("tokenpo: error: "):]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="runs per case; its fastest is reported (default 3)")
+    args = parser.parse_args()
+    times = []
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
+        for name, overrides, env in cases(tmp):
+            runs = [run_case(overrides, env, tmp) for _ in range(args.repeats)]
+            seconds, message = min(runs)
+            times.append((seconds, name))
+            print(f"{seconds:6.2f} s  {name:34s} {message[:110]}", flush=True)
+    slowest = max(times)
+    print(f"\n{len(times)} kinds of bad input, fastest of {args.repeats} runs each: median "
+          f"{statistics.median(t for t, _ in times):.2f} s, slowest {slowest[0]:.2f} s ({slowest[1]}); "
+          f"{sum(t < 2 for t, _ in times)} of {len(times)} under 2 s")
+
+
+if __name__ == "__main__":
+    main()
