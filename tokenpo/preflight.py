@@ -51,14 +51,15 @@ def check_command_line(conf_dir: str, config_name: str, argv: list[str]) -> None
         for override in overrides:
             check_group_option(loader, override)
         jobs = job_overrides(overrides)
+        # validated first: composing for hydra.mode below would report a bad key as a traceback
+        configs = [compose_and_validate(config_name, job) for job in jobs]
+        multirun = args.multirun or multirun_mode(config_name, jobs[0])
         sweep = next((o for o in overrides if o.is_sweep_override()), None)
-        if sweep is not None and not args.multirun and not multirun_mode(config_name, jobs[0]):
+        if sweep is not None and not multirun:
             raise ConfigError(f"{sweep.input_line} sweeps over several values: add -m to run one job per value "
                               "(or write a list as key=[a,b], a string with commas as key='a,b')")
-        multirun = args.multirun or multirun_mode(config_name, jobs[0])
-        for job in jobs:
-            cfg = compose_and_validate(config_name, job)
-            if multirun:
+        if multirun:
+            for job, cfg in zip(jobs, configs):
                 check_sweep_job(config_name, job, cfg, swept_keys(overrides))
 
 
