@@ -27,7 +27,8 @@ timed() {
   shift 2
   start=$(date +%s.%N)
   "$@" > "$log" 2>&1 || { echo "$name failed (see $log)"; tail -n 20 "$log"; exit 1; }
-  echo "$name wall time: $(echo "$(date +%s.%N) - $start" | bc) s"
+  # the load average says how much else the machine ran meanwhile (wall times on a shared machine)
+  echo "$name wall time: $(echo "$(date +%s.%N) - $start" | bc) s (load average after: $(cut -d' ' -f1-3 /proc/loadavg))"
 }
 
 echo "== 1. submitit_local job of 2 tasks vs trainer.nproc=2"
