@@ -120,3 +120,24 @@ def test_final_holds_the_merged_model_and_the_adapter(runs, capsys):
     with capsys.disabled():
         print(f"\nfinal/ merged vs base + final/adapter: max |delta logit| = {gap:.2e} (vs the base: {trained:.2e})")
     assert gap < MERGE_ATOL and trained > 10 * MERGE_ATOL
+
+
+
+ALGORITHMS = ("grpo", "dapo", "tepo", "gtpo", "grpo_s", "dr_grpo", "gspo")
+
+
+@pytest.fixture(scope="module")
+def algorithm_runs(tmp_path_factory) -> Path:
+    """One LoRA step of every algorithm (two updates per rollout), in one process group."""
+    out = tmp_path_factory.mktemp("lora_algorithms")
+    with in_process_training():
+        for algorithm in ALGORITHMS:
+            train_run(out / algorithm, RUN + [f"algorithm={algorithm}", "trainer.max_steps=1", "trainer.mini_batches=2"])
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_algorithm_trains_lora_adapters(algorithm, algorithm_runs):
+    step = by_step(read_metrics(algorithm_runs / algorithm))[1]
+    assert step["grad_norm"] > 0 and step["loss"] == step["loss"]  # not NaN
+    assert (algorithm_runs / algorithm / "final" / "adapter" / "adapter_config.json").is_file()
