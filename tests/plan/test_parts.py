@@ -123,5 +123,5 @@ def test_checkpointing_keeps_less_than_every_layer():
 def test_head_recompute_keeps_one_chunk():
     kept = P.head_chunks(ARCH, response_tokens=4096, chunk_tokens=512, recompute=False, entropy_grad=False)
     recomputed = P.head_chunks(ARCH, response_tokens=4096, chunk_tokens=512, recompute=True, entropy_grad=False)
-    assert recomputed.bytes == 2 * 512 * 1000 * 4  # two chunk x vocabulary fp32 tensors
-    assert kept.bytes == recomputed.bytes + 4096 * 1000 * 4
+    assert recomputed.bytes == 4 * 512 * 1000 * 4  # four chunk x vocabulary fp32 tensors
+    assert kept.bytes == 3 * 512 * 1000 * 4 + 4096 * 1000 * 4  # three, and every token's fp32 logits

@@ -138,7 +138,8 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
     parts = [
         P.runtime(device),
         P.policy_weights(params + (trainable if lora else 0), elem, ds.stage, world, ds.offload_param),
-        P.gradients(trainable, elem, ds.stage, world, ds.reduce_bucket_size if ds.stage >= 2 else 0),
+        # a reduce bucket never holds more than the gradients it reduces
+        P.gradients(trainable, elem, ds.stage, world, min(ds.reduce_bucket_size, trainable) if ds.stage >= 2 else 0),
         P.optimizer_states(trainable, ds.stage, world, offload_opt),
         P.master_weights(trainable, ds.stage, world, ds.precision, offload_opt),
         P.reference_weights(params, model_elem, ds.stage, world, alg.needs_reference(cfg.algorithm), lora),

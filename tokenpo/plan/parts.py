@@ -155,11 +155,12 @@ def head_chunks(arch: Architecture, response_tokens: int, chunk_tokens: int, rec
     """The output layer on response tokens (tokenpo.models.logprobs.response_logprobs), fp32 logits.
 
     Kept for backward per token: the tempered fp32 logits (logsumexp's input), and with a differentiable entropy
-    its softmax and product; `recompute_head` keeps none of them. Working set of one chunk (measured on CPU,
-docs/performance.md): two chunk x vocabulary fp32 tensors (logsumexp's and the entropy's softmax)."""
+    its softmax and product; `recompute_head` keeps none of them. Working set, in chunk x vocabulary fp32 tensors
+    (measured on CPU, docs/performance.md): three (logsumexp's exponentials, the entropy's softmax and product), four
+    when recomputed (the backward pass recomputes a chunk beside its gradient)."""
     vocab = arch.vocab_size
     chunk = min(chunk_tokens, response_tokens)
-    working = 2 * chunk * vocab * FP32
+    working = (4 if recompute else 3) * chunk * vocab * FP32
     kept_per_token = (0 if recompute else 1 + (2 if entropy_grad else 0)) * vocab * FP32
     note = ("recomputed in backward: one chunk" if recompute
             else f"{response_tokens} response tokens' fp32 logits kept for backward")
