@@ -22,7 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = ["logger.mode=disabled", "trainer.max_steps=2", "trainer.worst_case_first=true", "trainer.print_samples=0",
-        "eval.before_training=false", "eval.max_problems=1", "reward.num_workers=1", "trainer.threads=1"]
+        "eval.before_training=false", "eval.max_problems=2", "reward.num_workers=1", "trainer.threads=1"]
 TINY = ["model=tiny", "data.prompts_per_step=4", "rollout.group_size=4"]
 # the tiny model with SmolLM2's 49152-token vocabulary: an output layer as wide as real models' (relative to width)
 TINY_49K = [*TINY, "model.tokenizer_from=smollm2_135m"]
@@ -108,7 +108,8 @@ def run_row(row, work: Path) -> dict:
                                        str(work / f"rank{rank}.json")], env=env, cwd=REPO,
                                       stdout=subprocess.DEVNULL, stderr=open(work / f"rank{rank}.log", "w")))
     if any(proc.wait() for proc in procs):
-        raise RuntimeError(f"row {row} failed:\n" + (work / "rank0.log").read_text()[-3000:])
+        raise RuntimeError(f"row {row} failed:\n" + "\n".join(
+            f"--- rank {rank} ---\n" + (work / f"rank{rank}.log").read_text()[-3000:] for rank in range(nproc)))
     ranks = [json.loads((work / f"rank{rank}.json").read_text()) for rank in range(nproc)]
     measured = max(r["peak"] - r["baseline"] for r in ranks)
     return {"row": row, "overrides": overrides, "measured": measured, "ranks": ranks,

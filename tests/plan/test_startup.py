@@ -10,12 +10,13 @@ from pathlib import Path
 
 from tokenpo.plan import build_plan, format_bytes
 from tokenpo.plan.cli import compose_train_config
+from tokenpo.plan.memory import device_type
 
 from test_train_cli import GUARDED_TRAIN, REPO, start_error
 
 
 def test_a_plan_over_the_memory_limit_stops_before_the_model_loads(tmp_path):
-    total = build_plan(compose_train_config(["model=tiny"]), 1).total_bytes
+    total = build_plan(compose_train_config(["model=tiny"]), 1, device=device_type()).total_bytes
     error = start_error(tmp_path, "model=tiny", f"trainer.memory_limit={total - 1}")
     assert error.startswith(f"tokenpo: error: memory plan: {format_bytes(total)} per process exceeds "
                             f"trainer.memory_limit {format_bytes(total - 1)}; suggested: trainer.micro_batch_size=16")
