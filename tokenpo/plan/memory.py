@@ -299,8 +299,10 @@ def check_memory_plan(cfg: TrainConfig, world: int) -> MemoryPlan | None:
         return None
     where = "trainer.memory_limit" if cfg.trainer.memory_limit is not None else "the CUDA device's memory"
     of_limit = "" if limit is None else f" of {format_bytes(limit)} ({where})"
-    log.info("memory plan: %s per process at the %s phase's peak%s; python -m tokenpo.plan <the same overrides> "
-             "lists its parts", format_bytes(plan.total_bytes), plan.peak_phase, of_limit)
+    log.info("memory plan: %s per process at the %s phase's peak%s, prompts of up to %d tokens assumed "
+             "(data.max_prompt_tokens, else %d); python -m tokenpo.plan <the same overrides> lists its parts",
+             format_bytes(plan.total_bytes), plan.peak_phase, of_limit, plan.shapes.prompt_tokens,
+             DEFAULT_PROMPT_TOKENS)
     if plan.fits is False:
         hint = (f"suggested: {plan.suggestions[0][0]} (plan {format_bytes(plan.suggestions[0][1])})"
                 if plan.suggestions else "no single listed change fits")
