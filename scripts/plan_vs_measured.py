@@ -5,7 +5,7 @@ max_new_tokens, the largest micro-batch), in fresh processes (trainer.nproc of t
 peak resident memory (VmHWM, reset after the heavy imports and the config's composition) minus its resident
 memory then, so the libraries' own memory is left out; the plan is computed for the prompt length the worst-case pass met.
 
-    .venv/bin/python scripts/plan_vs_measured.py                # the table (about 15 min on 2 idle cores)
+    .venv/bin/python scripts/plan_vs_measured.py                # the table (45 min here on 2 shared cores)
     .venv/bin/python scripts/plan_vs_measured.py --rows 0,3     # some rows
 """
 
@@ -22,6 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = ["logger.mode=disabled", "trainer.max_steps=2", "trainer.worst_case_first=true", "trainer.print_samples=0",
+        # eval problems >= processes: under ZeRO-3 a rank with no problem to generate for breaks the collectives
         "eval.before_training=false", "eval.max_problems=2", "reward.num_workers=1", "trainer.threads=1"]
 TINY = ["model=tiny", "data.prompts_per_step=4", "rollout.group_size=4"]
 # the tiny model with SmolLM2's 49152-token vocabulary: an output layer as wide as real models' (relative to width)
