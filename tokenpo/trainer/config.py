@@ -30,8 +30,8 @@ class TrainerConfig:
     memory_limit: int | str | None = None
     worst_case_first: bool | None = None
     print_samples: int = 4
-
     objective: str | None = "eval/accuracy"
+
     def validate(self) -> None:
         positive = ("max_steps", "mini_batches", "micro_batch_size", "nproc", "keep_last", "logit_chunk_tokens")
         for key in positive:
