@@ -143,7 +143,10 @@ def test_a_sweep_dirs_own_files_are_moved_aside_when_a_new_sweep_would_change_th
 @pytest.fixture
 def clean_rank_env(monkeypatch):
     for var in (*RANK_VARS, "CUDA_VISIBLE_DEVICES"):
-        monkeypatch.delenv(var, raising=False)
+        # set first, so monkeypatch records the variable and removes what the test's code exports (a delenv of an
+        # absent variable records nothing: WORLD_SIZE=2 would leak and hang later tests' process groups)
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
     return monkeypatch
 
 
