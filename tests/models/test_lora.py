@@ -15,7 +15,7 @@ from tokenpo.models.config import LoraConfig, ModelConfig, TinyConfig, model_con
 from tokenpo.models.loading import build_tiny_model, enable_activation_checkpointing
 from tokenpo.models.logprobs import response_logprobs
 from tokenpo.models.lora import (adapters_disabled, check_targets_before_loading, lora_scaling, merged_state_dict,
-                                  wrap_lora)
+                                  merged_weight, wrap_lora)
 from tokenpo.rollout.engine import SamplingParams
 from tokenpo.rollout.hf import generate_hf
 
@@ -229,3 +229,12 @@ def test_target_modules_are_checked_at_start_up_without_weights(model):
     bad = model_config_from_dict({**model, "lora": {"rank": 2, "target_modules": ["q_proj", "c_attn"]}})
     with pytest.raises(ConfigError, match="model.lora.target_modules: the model has no module named 'c_attn'"):
         check_targets_before_loading(bad)
+
+
+def test_merged_weight_transposes_when_told_not_by_shape():
+    """A square layer stored [in, out] (GPT-2's Conv1D, an embedding with vocabulary = dim) has the shape of B A and
+    of its transpose: the caller's flag decides (a shape guess would add B A untransposed)."""
+    base = torch.zeros(3, 3)
+    lora_a, lora_b = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[1.0], [0.0], [0.0]])  # B A: only row 0 set
+    assert torch.equal(merged_weight(base, lora_a, lora_b, 2.0, transpose=False)[0], torch.tensor([2.0, 4.0, 6.0]))
+    assert torch.equal(merged_weight(base, lora_a, lora_b, 2.0, transpose=True)[:, 0], torch.tensor([2.0, 4.0, 6.0]))

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from tokenpo.deepspeed import dist
-from tokenpo.models.lora import is_lora, lora_scaling, merged_state_dict
+from tokenpo.models.lora import ADAPTER, is_lora, lora_scaling, merged_state_dict
 
 
 def export_hf(policy, tokenizer, out: Path, stage: int) -> None:
@@ -24,7 +24,8 @@ def export_hf(policy, tokenizer, out: Path, stage: int) -> None:
         if is_lora(module):
             state = module.state_dict() if state is None else state
             module.save_pretrained(out / "adapter", state_dict=state)
-            module.get_base_model().save_pretrained(out, state_dict=merged_state_dict(state, lora_scaling(module)))
+            module.get_base_model().save_pretrained(out, state_dict=merged_state_dict(
+                state, lora_scaling(module), module.peft_config[ADAPTER].fan_in_fan_out))
         else:
             module.save_pretrained(out, state_dict=state)
         tokenizer.save_pretrained(out)

@@ -117,21 +117,23 @@ def lora_scaling(model: PeftModel) -> float:
     return config.lora_alpha / (config.r ** 0.5 if config.use_rslora else config.r)
 
 
-def merged_weight(base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
-    """W + scaling * B A as a new tensor in W's dtype (the product in fp32); transposed where W is stored
-    [in, out] (embeddings, GPT-2's Conv1D)."""
+def merged_weight(base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float,
+                  transpose: bool) -> torch.Tensor:
+    """W + scaling * B A as a new tensor in W's dtype (the product in fp32). `transpose`: W is stored [in, out]
+    (embeddings; GPT-2's Conv1D, PEFT's fan_in_fan_out), said by the caller: a square layer's shapes cannot tell."""
     delta = lora_b.float() @ lora_a.float()
-    if delta.shape != base.shape:
+    if transpose:
         delta = delta.T
     return (base.float() + scaling * delta).to(base.dtype)
 
 
-def adapter_factors(state: dict[str, torch.Tensor], module: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(A, B) of the adapted module `module` (its PEFT name) in `state`: linear layers' or embeddings'."""
+def adapter_factors(state: dict[str, torch.Tensor], module: str) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(A, B, whether B A is stored transposed) of the adapted module `module` (its PEFT name) in `state`: a linear
+    layer's factors, or an embedding's (whose weight is [vocabulary, dim] while B A is [dim, vocabulary])."""
     linear = f"{module}.lora_A.{ADAPTER}.weight"
     if linear in state:
-        return state[linear], state[f"{module}.lora_B.{ADAPTER}.weight"]
-    return state[f"{module}.lora_embedding_A.{ADAPTER}"], state[f"{module}.lora_embedding_B.{ADAPTER}"]
+        return state[linear], state[f"{module}.lora_B.{ADAPTER}.weight"], False
+    return state[f"{module}.lora_embedding_A.{ADAPTER}"], state[f"{module}.lora_embedding_B.{ADAPTER}"], True
 
 
 def plain_name(peft_name: str) -> str | None:
@@ -142,9 +144,11 @@ def plain_name(peft_name: str) -> str | None:
     return name.replace(BASE_LAYER, ".").replace(SAVED_COPY, ".")
 
 
-def merged_state_dict(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+def merged_state_dict(state: dict[str, torch.Tensor], scaling: float,
+                      fan_in_fan_out: bool = False) -> dict[str, torch.Tensor]:
     """The plain model's state dict from the PEFT model's: every adapted weight merged, trained copies of
-    `modules_to_save` in place of the originals. `state` is read, never changed."""
+    `modules_to_save` in place of the originals. `state` is read, never changed. `fan_in_fan_out`: the model's
+    linear layers store W as [in, out] (PEFT's LoraConfig.fan_in_fan_out, GPT-2's Conv1D)."""
     merged = {}
     for peft_name, tensor in state.items():
         name = plain_name(peft_name)
@@ -152,7 +156,8 @@ def merged_state_dict(state: dict[str, torch.Tensor], scaling: float) -> dict[st
             continue
         module, sep, leaf = peft_name.partition(BASE_LAYER)
         if sep and leaf == "weight":
-            tensor = merged_weight(tensor, *adapter_factors(state, module), scaling)
+            lora_a, lora_b, embedding = adapter_factors(state, module)
+            tensor = merged_weight(tensor, lora_a, lora_b, scaling, embedding or fan_in_fan_out)
         merged[name] = tensor
     return merged
 

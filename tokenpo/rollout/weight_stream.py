@@ -63,7 +63,8 @@ def _lora_layer_weights(layer, prefix: str, zero3: bool) -> list[tuple[str, torc
                 a, b = layer.lora_embedding_A[adapter], layer.lora_embedding_B[adapter]
             else:
                 a, b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
-            weight = merged_weight(weight, a.detach(), b.detach(), layer.scaling[adapter])
+            weight = merged_weight(weight, a.detach(), b.detach(), layer.scaling[adapter],
+                                   embedding or getattr(layer, "fan_in_fan_out", False))
         out = [(f"{prefix}.weight", weight if adapters else _owned(weight, zero3))]
         if getattr(base, "bias", None) is not None:
             out.append((f"{prefix}.bias", _owned(base.bias.detach(), zero3)))
