@@ -105,7 +105,7 @@ def test_eval_temperature_and_top_p_reach_the_samples_in_both_paths(monkeypatch,
     engine = RecordingEngine()
     tokenizer = SimpleNamespace(batch_decode=lambda ids, skip_special_tokens: [RESPONSES[row[0]] for row in ids],
                                 eos_token_id=2, pad_token_id=2)
-    monkeypatch.setattr(cli, "load_policy", lambda model_cfg: (tokenizer, None))
+    monkeypatch.setattr(cli, "load_policy", lambda model_cfg, adapter: (tokenizer, None))
     monkeypatch.setattr(cli, "build_engine", lambda rollout_cfg, model, tokenizer: engine)
     monkeypatch.setattr(cli, "capped_prompt_ids", lambda problem, tok, data: [1])
     cli_metrics, cli_records = run_evaluation(
