@@ -30,15 +30,17 @@ def step(step_s, update, tokens, prompt_tokens=10, **phases):
 
 
 def test_summarise_drops_each_runs_warmup_step_and_pools_the_rest():
-    runs = [{"steps": [step(99.0, 50.0, 7), step(4.0, 2.0, 40), step(6.0, 3.0, 20)], "peak_rss_mb": {"total": 900.0}},
-            {"steps": [step(88.0, 40.0, 7), step(5.0, 1.0, 30, generate=2.5)], "peak_rss_mb": {"total": 1200.0}}]
+    runs = [{"steps": [step(99.0, 50.0, 7), step(4.0, 2.0, 40), step(6.0, 3.0, 20)],
+             "peak_rss_mb": {"process": 700.0, "total": 900.0}},
+            {"steps": [step(88.0, 40.0, 7), step(5.0, 1.0, 30, generate=2.5)],
+             "peak_rss_mb": {"process": 650.0, "total": 1200.0}}]
     out = summarise(runs, SHAPE)
     assert out["step_s"] == [4.0, 6.0, 5.0]
     assert out["median_step_s"] == 5.0 and out["median_step_cpu_s"] == 10.0
     assert out["phases_s"]["update"] == 2.0 and out["phases_s"]["generate"] == 0.0
     assert out["completion_tokens_per_s"] == pytest.approx(90 / 15)
     assert out["completion_tokens_per_step"] == 30
-    assert out["peak_rss_mb"] == 1200.0 and out["measured_steps"] == 3
+    assert out["peak_rss_mb"] == 1200.0 and out["peak_rss_process_mb"] == 700.0 and out["measured_steps"] == 3
     # forward = 2 x 1000 x (10 + n) + 2 x 4 x 10 x n per step; update = 3 x forward over 6 s of updates
     forward = sum(2 * 1000 * (10 + n) + 80 * n for n in (40, 20, 30))
     assert out["update_gflops_per_s"] == pytest.approx(3 * forward / 6.0 / 1e9)
@@ -50,7 +52,7 @@ def test_summarise_drops_each_runs_warmup_step_and_pools_the_rest():
 
 def test_summarise_reports_the_weight_sync_share_of_the_steps():
     runs = [{"steps": [step(9.0, 1.0, 5), step(4.0, 2.0, 40, generate=2.0, weight_sync=0.2),
-                       step(6.0, 3.0, 20, generate=1.0, weight_sync=0.4)], "peak_rss_mb": {"total": 1.0}}]
+                       step(6.0, 3.0, 20, generate=1.0, weight_sync=0.4)], "peak_rss_mb": {"process": 1.0, "total": 1.0}}]
     out = summarise(runs, SHAPE)
     assert out["weight_sync_frac"] == pytest.approx(0.6 / 10.0)
     assert out["generation_tokens_per_s"] == pytest.approx(60 / 3.0)
@@ -64,7 +66,7 @@ def test_forward_flops_counts_the_head_on_completion_tokens_only():
 
 def test_summarise_needs_a_measured_step():
     with pytest.raises(ValueError, match="no measured steps"):
-        summarise([{"steps": [step(1.0, 1.0, 1)], "peak_rss_mb": {"total": 1.0}}], SHAPE)
+        summarise([{"steps": [step(1.0, 1.0, 1)], "peak_rss_mb": {"process": 1.0, "total": 1.0}}], SHAPE)
 
 
 def test_peak_memory_counts_children_that_already_exited():

@@ -16,6 +16,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import deepspeed.comm
 import torch.distributed
 from flatten import flat
 from hydra import compose, initialize_config_dir
@@ -322,7 +323,9 @@ def process_group_of_one():
     was_initialized = torch.distributed.is_initialized()
     yield
     if torch.distributed.is_initialized() and not was_initialized:
-        torch.distributed.destroy_process_group()
+        # through DeepSpeed: it also drops its cached clone of the world group, which a later in-process run
+        # would otherwise use after this group is gone ('Group ... is not registered')
+        deepspeed.comm.destroy_process_group()
     os.environ.clear()
     os.environ.update(saved_env)
 

@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+import deepspeed.comm
 import torch.distributed
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -106,7 +107,9 @@ def in_process_training():
         yield
     finally:
         if torch.distributed.is_initialized() and not was_initialized:
-            torch.distributed.destroy_process_group()
+            # through DeepSpeed: it also drops its cached clone of the world group, which a later in-process run
+            # would otherwise use after this group is gone ('Group ... is not registered')
+            deepspeed.comm.destroy_process_group()
         os.environ.clear()
         os.environ.update(saved_env)
         for sig, handler in saved_signals.items():
