@@ -150,16 +150,17 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             logger.log(0, {**metrics, "time/elapsed_s": 0.0, "tokens/generated_total": 0.0})
         started = time.perf_counter() - history.get("elapsed_s", 0.0)
         step, interrupted = start_step, False
+        shapes = step_shapes(cfg)  # what an out-of-memory line names: fixed by the config, built once
         for step in range(start_step + 1, cfg.trainer.max_steps + 1):
             ctx.timings = Timings()
             step_start = time.perf_counter()
-            with out_of_memory_reported(cfg, f"step {step}", step_shapes(cfg)):
+            with out_of_memory_reported(cfg, f"step {step}", shapes):
                 rollouts = collect_rollouts(ctx, step)
             # every update of this step at lr(step): the schedule counts rollout steps, not mini-batch updates
             lr = set_step_lr(optimizer, step, cfg.trainer)
             rollout_engine.sleep()  # the update gets the memory the engine can release
             # dynamic sampling's keep_partial may leave no group that splits over the ranks: no update this step
-            with out_of_memory_reported(cfg, f"step {step}", step_shapes(cfg)):
+            with out_of_memory_reported(cfg, f"step {step}", shapes):
                 metrics = train_on_rollouts(ctx, rollouts, ctx.timings) if rollouts.examples else {"lr": lr}
             with ctx.timings("weight_sync"):
                 rollout_engine.sync_weights(policy)
