@@ -81,8 +81,10 @@ def run_in_pty(argv: list[str], env: dict) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def env_without_progress_settings() -> dict:
-    return {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
+def env_without_progress_settings(env: dict | None = None) -> dict:
+    """`env` (default: this process's) without the switches that turn bars off."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in env.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
 
 
 def test_a_terminal_gets_bars_with_done_total_rate_and_time_left(tmp_path):

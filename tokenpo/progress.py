@@ -7,9 +7,12 @@ done/total, rate and time left on a terminal; nothing but the usual log lines wh
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
+import threading
+from pathlib import Path
 from typing import Iterable, TypeVar
 
 T = TypeVar("T")
@@ -51,3 +54,38 @@ def progress(iterable: Iterable[T] | None = None, *, total: float | None = None,
 
     return tqdm(iterable, total=total, desc=desc, unit=unit, disable=not (enabled and interactive()),
                 dynamic_ncols=True, **kwargs)
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes in the files under `folder` (0 before it exists; a file removed while counting counts 0)."""
+    total = 0
+    for path in folder.rglob("*"):
+        with contextlib.suppress(FileNotFoundError):
+            if path.is_file():
+                total += path.stat().st_size
+    return total
+
+
+@contextlib.contextmanager
+def folder_progress(folder: Path, *, total: int | None, desc: str, enabled: bool = True, every_s: float = 0.5):
+    """A bar of the bytes written under `folder` while the body runs, for a library's save that reports nothing
+    (DeepSpeed's save_checkpoint): polled every `every_s` by a thread, only where the bar shows. `total` (the bytes
+    expected, if known) adds the fraction and time left; without it the bar shows bytes and rate."""
+    with progress(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, enabled=enabled) as bar:
+        if bar.disable:
+            yield
+            return
+        stop = threading.Event()
+
+        def poll():
+            while not stop.wait(every_s):
+                bar.update(folder_bytes(folder) - bar.n)
+
+        thread = threading.Thread(target=poll, name="folder-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            bar.update(folder_bytes(folder) - bar.n)

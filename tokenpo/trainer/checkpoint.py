@@ -27,6 +27,7 @@ import torch.distributed as torch_dist
 
 from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
+from tokenpo.progress import folder_progress
 from tokenpo.trainer.checkpoint_layout import (
     LATEST,
     META,
@@ -36,6 +37,7 @@ from tokenpo.trainer.checkpoint_layout import (
     CheckpointError,
     check_lora,
     file_records,
+    previous_state_bytes,
     read_json,
     replace_text,
     resume_dir_on_disk,
@@ -88,7 +90,9 @@ def save(engine, root: Path, step: int, client_state: dict, keep_last: int, lora
             shutil.rmtree(stale)
     _barrier()
     frozen = {"exclude_frozen_parameters": True} if lora else {}
-    engine.save_checkpoint(str(tmp), tag=TAG, client_state=client_state, save_latest=False, **frozen)
+    with folder_progress(tmp / TAG, total=previous_state_bytes(root), desc=f"saving checkpoint step {step}",
+                         enabled=dist.is_main()):
+        engine.save_checkpoint(str(tmp), tag=TAG, client_state=client_state, save_latest=False, **frozen)
     torch.save(rng_state(), tmp / f"rng_rank{dist.rank()}.pt")
     _barrier()
     if dist.is_main():

@@ -178,6 +178,17 @@ def check_lora(path: Path, lora: dict | None) -> None:
     raise ConfigError(f"checkpoint {path} was trained with other LoRA settings: resume it with {diffs}")
 
 
+def previous_state_bytes(root: Path) -> int | None:
+    """Bytes of DeepSpeed's state in the newest checkpoint under `root` by its manifest, the size the next save of the
+    same run will have (None without one, or with an unreadable manifest: it only sizes a progress bar)."""
+    newest = step_dirs(root)[-1:]
+    try:
+        records = read_json(newest[0] / MANIFEST) if newest else {}
+        return sum(r["bytes"] for name, r in records.items() if name.startswith(f"{TAG}/")) or None
+    except (OSError, CheckpointError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())

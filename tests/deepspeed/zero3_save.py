@@ -1,0 +1,59 @@
+"""Run by test_export.py: `python zero3_save.py <out_dir>` on one process. For the tiny model under ZeRO-3, with and
+without LoRA adapters: the consolidated 16-bit state of tokenpo.deepspeed.export against DeepSpeed's own (same keys in
+the same order, equal tensors, the tied output layer one tensor under both names), then export_hf into
+`<out_dir>/<name>`; for the full model two checkpoint saves into `<out_dir>/checkpoints` (the second one sized by the
+first). Prints ZERO3 WORK DONE."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tokenpo.progress import quiet_library_bars
+
+quiet_library_bars()
+import torch  # noqa: E402
+from multiproc_util import SMALL, compose_config  # noqa: E402
+
+from tokenpo.deepspeed import dist  # noqa: E402
+from tokenpo.deepspeed.engine import build_policy_engine  # noqa: E402
+from tokenpo.deepspeed.export import export_hf, zero3_16bit_state_dict  # noqa: E402
+from tokenpo.models.loading import load_model  # noqa: E402
+from tokenpo.trainer import checkpoint  # noqa: E402
+from tokenpo.trainer.optim import build_optimizer  # noqa: E402
+
+
+def same_sharing(a: dict, b: dict) -> bool:
+    """The keys that hold one tensor object in `a` hold one in `b` too."""
+    def groups(state):
+        by_id = {}
+        for key, tensor in state.items():
+            by_id.setdefault(id(tensor), []).append(key)
+        return sorted(by_id.values())
+    return groups(a) == groups(b)
+
+
+def main(out: Path) -> None:
+    dist.init_distributed("gloo")
+    for name, extra in (("full", []), ("lora", ["model.lora.rank=2"])):
+        cfg, _ = compose_config(SMALL + ["deepspeed=zero3", *extra])
+        tokenizer, model = load_model(cfg.model, cfg.seed)
+        policy = build_policy_engine(model, build_optimizer(model, cfg.trainer), cfg.deepspeed,
+                                     micro_batch_size=cfg.trainer.micro_batch_size,
+                                     max_grad_norm=cfg.trainer.max_grad_norm, world_size=1)
+        ours = zero3_16bit_state_dict(policy.module)
+        theirs = policy._zero3_consolidated_16bit_state_dict()
+        assert list(ours) == list(theirs), (name, set(ours) ^ set(theirs))
+        assert all(torch.equal(ours[k], theirs[k]) and ours[k].dtype == theirs[k].dtype for k in ours), name
+        assert same_sharing(ours, theirs), name
+        assert any(len(keys) > 1 for keys in {id(t): [k for k in ours if ours[k] is t] for t in ours.values()}.values())
+        print(f"{name}: {len(ours)} tensors equal DeepSpeed's", flush=True)
+        export_hf(policy, tokenizer, out / name, stage=3)
+        if name == "full":
+            for step in (1, 2):
+                checkpoint.save(policy, out / "checkpoints", step, {"step": step}, keep_last=2)
+    print("ZERO3 WORK DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
