@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from tokenpo.models.logprobs import kv_cache, left_pad, position_ids_from_mask
+from tokenpo.models.modes import no_dropout
 from tokenpo.rollout.engine import ENGINES, Responses, SamplingParams
 
 
@@ -73,6 +74,12 @@ class HFEngine:
 
 @torch.no_grad()
 def generate_hf(model, prompt_ids, params: SamplingParams, pad_id: int, generator: torch.Generator) -> Responses:
+    """`params.num_samples` responses per prompt from `model`, in eval mode (no dropout while sampling)."""
+    with no_dropout(model):
+        return _sample(model, prompt_ids, params, pad_id, generator)
+
+
+def _sample(model, prompt_ids, params: SamplingParams, pad_id: int, generator: torch.Generator) -> Responses:
     device = next(model.parameters()).device
     ids, mask = left_pad(prompt_ids, pad_id)
     ids, mask = ids.to(device), mask.to(device)

@@ -17,6 +17,7 @@ from tokenpo import algorithms as alg
 from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import forward_in_engine
 from tokenpo.models.logprobs import response_logprobs
+from tokenpo.models.modes import no_dropout
 from tokenpo.rewards import CORRECT, GOLD_INVALID, format_reward
 from tokenpo.trainer.batch import group_micro_batches, pad_groups, pad_to
 from tokenpo.trainer.rollouts import StepRollouts
@@ -129,7 +130,7 @@ def train_on_rollouts(ctx, rollouts: StepRollouts, timings) -> dict[str, float]:
     mine = local_groups(num_groups)
     policy = ctx.policy.module
     old_logp = old_entropy = ref_logp = None
-    with torch.no_grad():
+    with torch.no_grad(), no_dropout(policy):
         if needs_old_logprobs(cfg):
             with timings("old_logprob"):
                 old_logp, old_entropy = forward_groups(ctx, policy, rollouts, mine, longest, with_entropy=True)

@@ -1,0 +1,30 @@
+"""In a training step only the update's forward (with grad) runs in train mode: the old policy's and the reference's
+log-probs run without dropout (tokenpo.models.modes), and the policy is back in train mode for the next step."""
+
+from __future__ import annotations
+
+from multiproc_util import SMALL, in_process_training, train_run
+
+from tokenpo.trainer import update
+
+
+def test_old_and_reference_log_probs_without_dropout_the_update_with_it(tmp_path, monkeypatch):
+    passes = []  # (grad enabled, module in train mode) per forward of the step
+    group_forward = update.group_forward
+
+    def spy(ctx, model, *args, **kwargs):
+        import torch
+
+        passes.append((torch.is_grad_enabled(), getattr(model, "module", model).training))
+        return group_forward(ctx, model, *args, **kwargs)
+
+    monkeypatch.setattr(update, "group_forward", spy)
+    with in_process_training():
+        train_run(tmp_path / "run", SMALL + ["model.lora.rank=2", "model.lora.dropout=0.5", "trainer.mini_batches=2",
+                                             "trainer.max_steps=2", "eval.before_training=false",
+                                             "eval.every_steps=0"])
+    with_grad = [training for grad, training in passes if grad]
+    without = [training for grad, training in passes if not grad]
+    # per step: old log-probs and the reference (adapters off) without grad, then the two mini-batches' updates
+    assert len(without) >= 4 and len(with_grad) >= 4, passes
+    assert all(with_grad) and not any(without), passes
