@@ -61,8 +61,15 @@ def evaluate(
         # rank 0's share on a terminal: responses done / total, rate, time left
         bar = progress(total=len(mine) * params.num_samples, desc=f"eval {cfg.name} ({kind})", unit="response",
                        enabled=rank == 0)
-        for lo in range(0, len(mine), max(1, cfg.batch_size // params.num_samples)):
-            batch = mine[lo : lo + max(1, cfg.batch_size // params.num_samples)]
+        per_call = max(1, cfg.batch_size // params.num_samples)
+        # every rank makes as many generate calls as the rank with the most problems: under ZeRO-3 each call gathers
+        # the weights from all ranks (a collective), so a rank with fewer (or no) problems joins the others' last
+        # calls with its first problem (rank 0's if it has none), after its own work, and drops the output
+        for lo in range(0, len(examples[0::world]), per_call):
+            batch = mine[lo : lo + per_call]
+            if not batch:
+                generate([prompt_ids((mine or examples)[0])], params, generator)
+                continue
             out = generate([prompt_ids(ex) for ex in batch], params, generator)
             texts = decode(out.token_ids)
             verdicts = _score(scorer, texts, [ex.answer for ex in batch for _ in range(params.num_samples)])
