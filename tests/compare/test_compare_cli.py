@@ -114,3 +114,19 @@ def test_no_figures_writes_the_tables_for_another_target_metric(multirun, tmp_pa
     assert sorted(p.name for p in out.iterdir()) == ["significance.csv", "significance.md", "summary.csv", "summary.md"]
     assert "final reward/mean" in (out / "significance.md").read_text()
     assert "wrote 0 figures" in capsys.readouterr().out
+
+
+def test_a_margin_must_be_positive_and_needs_a_baseline(multirun, capsys):
+    for argv in ([str(multirun), "--baseline", GRPO, "--margin", "-0.05"], [str(multirun), "--margin", "0.05"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert "--margin must be > 0" in errors[0] and "--margin needs --baseline" in errors[1]
+
+
+def test_a_margin_adds_its_verdict_to_the_significance_table(multirun, tmp_path, capsys):
+    out = tmp_path / "margin"
+    assert main([str(multirun), "--baseline", GRPO, "--margin", "0.05", "--no-figures", "--out", str(out)]) == 0
+    text = (out / "significance.md").read_text()
+    assert "Equivalence margin ±0.05" in text and "within ±0.05" in text

@@ -106,6 +106,28 @@ def test_rows_pick_the_test_and_holm_correct_the_tested_ones():
     assert {result(row) for row in best} == {"n/a: no spread (t undefined)", "n/a: 1 seed"}
 
 
+def test_an_equivalence_margin_calls_equivalent_only_an_interval_inside_it():
+    margin_groups = {
+        "algorithm=base": runs("base", [0.25, 0.375, 0.125]),
+        # differences +0.01, -0.005, +0.005: interval about [-0.016, +0.022], p ~0.6
+        "algorithm=close": runs("close", [0.26, 0.37, 0.13]),
+        "algorithm=paired": groups()["algorithm=paired"],  # [+0.031, +0.094], significant after Holm
+        "algorithm=welch": groups()["algorithm=welch"],  # [-0.053, +0.616]
+    }
+    verdicts = {margin: {row.group: result(row) for row in compare_to_baseline(
+        margin_groups, "algorithm=base", "eval/accuracy", "final", margin)} for margin in (0.05, 0.1)}
+    assert verdicts[0.05] == {"algorithm=close": "equivalent within ±0.05",
+                              "algorithm=paired": "significant: higher",
+                              "algorithm=welch": "not significant, not shown within ±0.05"}
+    assert verdicts[0.1]["algorithm=paired"] == "significant: higher, within ±0.1"
+    # the same interval against a margin it does not fit in
+    assert [result(row) for row in compare_to_baseline(margin_groups, "algorithm=base", "eval/accuracy", "final", 0.01)
+            ][0] == "not significant, not shown within ±0.01"
+    text = significance_markdown({"final": compare_to_baseline(margin_groups, "algorithm=base", "eval/accuracy",
+                                                               "final", 0.05)}, "eval/accuracy", "algorithm=base")
+    assert "Equivalence margin ±0.05, named before the runs" in text
+
+
 def test_too_few_baseline_seeds_are_named():
     few = {"algorithm=base": runs("base", [0.25]), "algorithm=a": runs("a", [0.5]), "algorithm=b": runs("b", [0.5, 0.6])}
     rows = compare_to_baseline(few, "algorithm=base", "eval/accuracy", "final")

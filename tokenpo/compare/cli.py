@@ -50,11 +50,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--baseline", metavar="OVERRIDES",
         help="group the ratios and significance tests are taken against, e.g. 'algorithm=grpo'",
     )
+    parser.add_argument(
+        "--margin", type=float, metavar="M",
+        help="equivalence margin in the target metric's units, named before the runs (e.g. 0.05): a group is "
+        "'equivalent' to the baseline when the 95%% interval of the difference lies inside ±M",
+    )
     parser.add_argument("--no-figures", action="store_true",
                         help="tables only (e.g. a second target metric of runs whose figures are written already)")
     parser.add_argument("--wandb", action="store_true", help="also log figures and table to one W&B run (honours WANDB_MODE)")
     parser.add_argument("--wandb-project", default="tokenpo", help="W&B project (default: tokenpo)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.margin is not None and not args.margin > 0:
+        parser.error(f"--margin must be > 0 (in the units of {args.target_metric}), got {args.margin:g}")
+    if args.margin is not None and not args.baseline:
+        parser.error("--margin needs --baseline: the margin is on the difference to the baseline")
+    return args
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -85,7 +95,8 @@ def compare(args: argparse.Namespace) -> None:
     write_csv(summaries, out_dir / "summary.csv")
     significance, written = "", "summary.md and summary.csv"
     if baseline:
-        tables = {which: compare_to_baseline(groups, baseline, args.target_metric, which) for which in RUN_VALUE}
+        tables = {which: compare_to_baseline(groups, baseline, args.target_metric, which, args.margin)
+                  for which in RUN_VALUE}
         significance = significance_markdown(tables, args.target_metric, baseline)
         (out_dir / "significance.md").write_text(significance)
         write_significance_csv(tables, args.target_metric, baseline, out_dir / "significance.csv")

@@ -44,6 +44,7 @@ class Comparison:
     test: TTest | None
     note: str  # why there is no test ("n/a: 1 seed"), empty with one
     p_holm: float | None = None
+    margin: float | None = None  # equivalence margin named in advance (--margin), in the metric's units
 
 
 def t_test(name: str, difference: float, standard_error: float, df: float) -> TTest | None:
@@ -115,8 +116,10 @@ def baseline_test(group, baseline) -> tuple[TTest | None, str]:
     return (test, "") if test else (None, "n/a: no spread (t undefined)")
 
 
-def compare_to_baseline(groups: dict[str, list[Run]], baseline: str, metric: str, which: str) -> list[Comparison]:
-    """One row per non-baseline group; the rows that have a test get Holm-adjusted p-values over this table."""
+def compare_to_baseline(groups: dict[str, list[Run]], baseline: str, metric: str, which: str,
+                        margin: float | None = None) -> list[Comparison]:
+    """One row per non-baseline group; the rows that have a test get Holm-adjusted p-values over this table, and
+    with an equivalence `margin` the verdict of their interval against it."""
     base = seed_values(groups[baseline], metric, which)
     rows = []
     for label, runs in groups.items():
@@ -125,18 +128,23 @@ def compare_to_baseline(groups: dict[str, list[Run]], baseline: str, metric: str
         values = seed_values(runs, metric, which)
         test, note = baseline_test(values, base)
         difference = float(np.mean([v for _, v in values]) - np.mean([v for _, v in base])) if values and base else None
-        rows.append(Comparison(label, len(values), len(base), difference, test, note))
+        rows.append(Comparison(label, len(values), len(base), difference, test, note, margin=margin))
     adjusted = iter(holm_adjust([row.test.p for row in rows if row.test]))
     return [dataclasses.replace(row, p_holm=next(adjusted)) if row.test else row for row in rows]
 
 
 def result(row: Comparison) -> str:
-    """Significant only after Holm; a non-significant difference is never called higher or lower."""
+    """Significant only after Holm; a non-significant difference is never called higher or lower. With a margin M,
+    "equivalent" only when the whole 95 % interval lies inside ±M (an interval wider than that shows neither)."""
     if row.test is None:
         return row.note
+    within = row.margin is not None and -row.margin <= row.test.ci_low and row.test.ci_high <= row.margin
     if row.p_holm < ALPHA:
-        return "significant: higher" if row.test.difference > 0 else "significant: lower"
-    return "not significant"
+        verdict = "significant: higher" if row.test.difference > 0 else "significant: lower"
+        return verdict + (f", within ±{row.margin:g}" if within else "")
+    if row.margin is None:
+        return "not significant"
+    return f"equivalent within ±{row.margin:g}" if within else f"not significant, not shown within ±{row.margin:g}"
 
 
 def fmt_p(p: float | None) -> str:
@@ -170,6 +178,10 @@ def significance_markdown(tables: dict[str, list[Comparison]], metric: str, base
         f"of that table; significant = p (Holm) < {ALPHA:g}. \"not significant\" with few seeds means the runs cannot "
         "tell, not that the groups are equal."
     )
+    margins = {row.margin for rows in tables.values() for row in rows if row.margin is not None}
+    if margins:
+        lines[-1] += (f" Equivalence margin ±{min(margins):g}, named before the runs: \"equivalent\" = the whole 95 % "
+                      "interval of the difference lies inside it (two one-sided tests at 2.5 % each, not Holm-corrected).")
     return "\n".join(lines) + "\n"
 
 
