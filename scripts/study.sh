@@ -15,7 +15,8 @@
 # evaluates before its first step, written to <STUDY_DIR>_base/seed0.
 #   STUDY_DIR (outputs/study), STUDY_STEPS (15), STUDY_SEEDS ("0 1 2 3 4"), STUDY_GROUPS (one override per group,
 #   space-separated; default the eight above; keep algorithm=grpo, the baseline), STUDY_LANES (2), STUDY_DOCS
-#   (docs/study: where the comparison goes). Extra arguments are Hydra overrides for every run.
+#   (docs/study: where the comparison goes), STUDY_MARGIN (unset: none; an equivalence margin named in advance, passed
+#   to tokenpo.compare --margin). Extra arguments are Hydra overrides for every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="$(bash scripts/setup.sh | tail -n 1)"
@@ -24,6 +25,7 @@ OUT="${STUDY_DIR:-outputs/study}"
 STEPS="${STUDY_STEPS:-15}"
 LANES="${STUDY_LANES:-2}"
 DOCS="${STUDY_DOCS:-docs/study}"
+MARGIN=(${STUDY_MARGIN:+--margin "$STUDY_MARGIN"})
 read -r -a SEEDS <<< "${STUDY_SEEDS:-0 1 2 3 4}"
 read -r -a GROUPS_ <<< "${STUDY_GROUPS:-algorithm=grpo algorithm=dapo algorithm=gtpo experiment=gtpo/alpha2_0_control \
 algorithm=grpo_s algorithm=tepo algorithm=dr_grpo algorithm=gspo}"
@@ -65,7 +67,7 @@ failed=$(wc -l < "$FAILED")
 echo "study wall time: $(( $(date +%s) - start )) s; failed runs: $failed"
 
 "$PY" -m tokenpo.compare "$OUT" --baseline algorithm=grpo --target-metric eval/accuracy --target 0.5 --band ci \
-    --out "$DOCS"
+    "${MARGIN[@]}" --out "$DOCS"
 "$PY" -m tokenpo.compare "$OUT" --baseline algorithm=grpo --target-metric eval/arith_transfer/accuracy \
-    --target 0.3 --band ci --no-figures --out "$DOCS/transfer"
+    --target 0.3 --band ci --no-figures "${MARGIN[@]}" --out "$DOCS/transfer"
 exit $(( failed > 0 ))
