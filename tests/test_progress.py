@@ -55,8 +55,9 @@ print("LONG WORK DONE", metrics["accuracy"])
 """
 
 
-def run_in_pty(argv: list[str], env: dict) -> str:
-    """Everything the command writes to a terminal (stdout and stderr are the pty)."""
+def run_in_pty(argv: list[str], env: dict, silence_s: float = 120) -> str:
+    """Everything the command writes to a terminal (stdout and stderr are the pty); killed after `silence_s` without
+    output."""
     leader, follower = pty.openpty()
     # a terminal 120 columns wide (a fresh pty is 0 x 0, in which a bar has no room)
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
@@ -64,7 +65,7 @@ def run_in_pty(argv: list[str], env: dict) -> str:
     os.close(follower)
     chunks = []
     while True:
-        ready, _, _ = select.select([leader], [], [], 120)
+        ready, _, _ = select.select([leader], [], [], silence_s)
         if not ready:
             proc.kill()
             break
