@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -210,6 +211,25 @@ def test_bench_cli_writes_the_result_json_of_a_real_tiny_run(tmp_path):
     assert result["completion_tokens_per_s"] == pytest.approx(measured["completion_tokens"] / measured["step_s"])
     assert result["peak_rss_mb"] == run["peak_rss_mb"]["total"] > 100
     assert "tokenpo" in done.stdout and "median step" in done.stdout
+
+
+def test_a_piped_bench_shows_no_library_bar(tmp_path):
+    """A model loaded from a folder makes transformers draw its "Loading weights" bar; through a pipe (a log file,
+    `tee`) the bench and its workers keep every library bar off, as tokenpo.train does."""
+    from tokenpo.models.config import ModelConfig
+    from tokenpo.models.loading import load_model
+
+    tokenizer, model = load_model(ModelConfig(name="tiny", source="tiny"))
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    cmd = [sys.executable, "-m", "tokenpo.bench", "--model", "smollm2_135m", "--steps", "2", "--prompts", "2",
+           "--group-size", "2", "--max-new-tokens", "4", "--threads", "1", "--override", "reward.num_workers=1",
+           "--override", "model.source=local", "--override", f"model.path={tmp_path / 'model'}",
+           "--out", str(tmp_path / "bench.json")]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Loading weights" not in done.stderr and "%|" not in done.stderr, done.stderr[-3000:]
 
 
 def test_the_engine_option_picks_tokenpos_rollout_config_group():

@@ -2,7 +2,8 @@
 done/total, rate and time left on a terminal; nothing but the usual log lines when output goes to a file or a pipe
 (CI, Slurm logs, `tee`), where the libraries' own bars are turned off too.
 
-`quiet_library_bars()` runs first in each entry point (tokenpo.train, tokenpo.evaluate, a training worker).
+`quiet_library_bars()` runs first in each entry point (tokenpo.train, tokenpo.evaluate, a training worker,
+tokenpo.bench and its workers).
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from tokenpo.bench.settings import BenchSettings, train_config
 from tokenpo.bench.stats import PHASES, summarise
 from tokenpo.errors import ConfigError
 from tokenpo.plan.memory import build_plan
+from tokenpo.progress import quiet_library_bars
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -194,6 +195,7 @@ def lora_table(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    quiet_library_bars()  # and the workers', which inherit its switches
     args = parse_args(argv)
     settings = BenchSettings(model=args.model, prompts=args.prompts, group_size=args.group_size,
                              max_new_tokens=args.max_new_tokens, beta=args.beta, lr=args.lr,

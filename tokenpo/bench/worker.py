@@ -14,6 +14,7 @@ import torch
 
 from tokenpo.bench.settings import BenchSettings
 from tokenpo.bench.stats import PeakMemory
+from tokenpo.progress import quiet_library_bars
 
 FRAMEWORKS = ("tokenpo", "trl")
 
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--settings", required=True, help="BenchSettings as JSON")
     parser.add_argument("--out", required=True, help="where the run's JSON goes")
     args = parser.parse_args(argv)
+    quiet_library_bars()
     result = run(args.framework, BenchSettings.from_dict(json.loads(args.settings)))
     Path(args.out).write_text(json.dumps(result, indent=1))
 
