@@ -90,8 +90,9 @@ def save(engine, root: Path, step: int, client_state: dict, keep_last: int, lora
             shutil.rmtree(stale)
     _barrier()
     frozen = {"exclude_frozen_parameters": True} if lora else {}
-    with folder_progress(tmp / TAG, total=previous_state_bytes(root), desc=f"saving checkpoint step {step}",
-                         enabled=dist.is_main()):
+    # the bar is rank 0's: only it reads the previous checkpoint's manifest to size it
+    with folder_progress(tmp / TAG, total=previous_state_bytes(root) if dist.is_main() else None,
+                         desc=f"saving checkpoint step {step}", enabled=dist.is_main()):
         engine.save_checkpoint(str(tmp), tag=TAG, client_state=client_state, save_latest=False, **frozen)
     torch.save(rng_state(), tmp / f"rng_rank{dist.rank()}.pt")
     _barrier()
