@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from test_progress import env_without_progress_settings
 
 from tokenpo.bench.settings import BenchSettings, hydra_overrides, train_config
 from tokenpo.bench.stats import PHASES, PeakMemory, forward_flops, summarise
@@ -222,12 +223,12 @@ def test_a_piped_bench_shows_no_library_bar(tmp_path):
     tokenizer, model = load_model(ModelConfig(name="tiny", source="tiny"))
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
     cmd = [sys.executable, "-m", "tokenpo.bench", "--model", "smollm2_135m", "--steps", "2", "--prompts", "2",
            "--group-size", "2", "--max-new-tokens", "4", "--threads", "1", "--override", "reward.num_workers=1",
            "--override", "model.source=local", "--override", f"model.path={tmp_path / 'model'}",
            "--out", str(tmp_path / "bench.json")]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240, env=env)
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240,
+                          env=env_without_progress_settings())
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Loading weights" not in done.stderr and "%|" not in done.stderr, done.stderr[-3000:]
 

@@ -3,6 +3,7 @@ log-probs run without dropout (tokenpo.models.modes), and the policy is back in 
 
 from __future__ import annotations
 
+import torch
 from multiproc_util import SMALL, in_process_training, train_run
 
 from tokenpo.trainer import update
@@ -13,8 +14,6 @@ def test_old_and_reference_log_probs_without_dropout_the_update_with_it(tmp_path
     group_forward = update.group_forward
 
     def spy(ctx, model, *args, **kwargs):
-        import torch
-
         passes.append((torch.is_grad_enabled(), getattr(model, "module", model).training))
         return group_forward(ctx, model, *args, **kwargs)
 
