@@ -24,6 +24,7 @@ from tokenpo.errors import ConfigError
 from tokenpo.plan.memory import check_memory_plan
 from tokenpo.preflight import check_command_line, check_inputs
 from tokenpo.trainer import rundir
+from tokenpo.versions import check_supported_versions
 
 log = logging.getLogger("tokenpo")
 
@@ -174,6 +175,8 @@ def main() -> None:
     quiet_library_bars()
     sys.argv[1:] = external_launcher_argv(sys.argv[1:])
     try:
+        # a DeepSpeed or PEFT release outside the tested range trains wrong or fails late: refused before any work
+        check_supported_versions()
         check_command_line(CONF_DIR, "train", sys.argv[1:])
     except ConfigError as err:
         fail(str(err))
