@@ -8,6 +8,8 @@ from tokenpo.errors import ConfigError
 from tokenpo.schema import from_dict
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# vLLM's sleep levels that free the KV cache: 1 offloads the weights to host memory, 2 discards them
+SLEEP_LEVELS = (1, 2)
 
 
 @dataclass
@@ -22,6 +24,7 @@ class VLLMConfig:
     max_model_len: int | None = None
     seed: int = 0
     sleep_mode: bool = True
+    sleep_level: int = 2
 
     def validate(self) -> None:
         if self.dtype not in VLLM_DTYPES:
@@ -36,6 +39,8 @@ class VLLMConfig:
                               f"got {self.gpu_memory_utilization}")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
             raise ConfigError(f"rollout.vllm.kv_cache_gib must be null or > 0, got {self.kv_cache_gib}")
+        if self.sleep_level not in SLEEP_LEVELS:
+            raise ConfigError(f"rollout.vllm.sleep_level must be 1 or 2, got {self.sleep_level}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"rollout.vllm.max_model_len must be null or >= 1, got {self.max_model_len}")
 

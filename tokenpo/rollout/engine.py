@@ -1,6 +1,7 @@
 """The rollout engine interface: an object created once per run that turns prompt token ids into responses.
 
-The trainer calls only this interface (`build_engine`, then `generate`, `sleep`, `sync_weights`, `close`):
+The trainer calls only this interface (`build_engine`, then `generate`, `sleep`, `sync_weights`, `close`; the
+order of the calls is docs/rollout.md's "Phase order"):
 the `hf` engine generates with the live policy module, the `vllm` engine with its own copy of the weights that
 `sync_weights` brings up to date after every policy update. Another engine (SGLang, a remote server) plugs
 in by registering a class with the same constructor and methods.
@@ -49,13 +50,15 @@ class RolloutEngine(Protocol):
         """Responses to `prompt_ids`; all randomness is drawn from `generator` (a resumed run samples the same)."""
 
     def sync_weights(self, policy) -> None:
-        """Bring the engine's weights to the policy's (a DeepSpeed engine or a module), and wake it up."""
+        """Bring the engine's weights to the policy's (a DeepSpeed engine or a module), and wake it up: the only
+        way to wake an engine whose sleep discarded its weights (vLLM's level 2)."""
 
     def sleep(self) -> None:
-        """Release the engine's memory for the policy update, where it can."""
+        """Release the engine's memory, where it can, for a pass that trains (the worst-case pass, each update);
+        the trainer syncs after each such pass, which wakes it."""
 
     def wake_up(self) -> None:
-        """Take back what `sleep` released (generate wakes a sleeping engine by itself)."""
+        """Take back what `sleep` released, if the weights were kept (generate wakes a sleeping engine by itself)."""
 
     def close(self) -> None:
         """Free the engine for good."""

@@ -56,7 +56,9 @@ class VLLMEngine:
         self.zero3 = deepspeed is not None and deepspeed.stage == 3
         self.in_place_reload = current_platform.is_cpu()
         self.sleep_mode = v.sleep_mode and current_platform.is_sleep_mode_available()
-        self.asleep = False
+        self.sleep_level = v.sleep_level
+        # asleep: the KV cache is released; weights_discarded: the weights too (level 2), until the next sync
+        self.asleep = self.weights_discarded = False
         dtype = v.dtype if v.dtype != "auto" else str(next(module.parameters()).dtype).removeprefix("torch.")
         self.folder = model_folder(module, tokenizer)
         self.llm = LLM(
@@ -114,23 +116,44 @@ class VLLMEngine:
 
     def sync_weights(self, policy) -> None:
         if self.asleep:
-            # weights first, the KV cache after the copy: the peak stays at the policy + vLLM's weights
-            self.llm.wake_up(tags=["weights"])
+            # weights first, the KV cache after the copy: the peak stays at the policy + vLLM's weights (verl's
+            # sharding manager and TRL's colocate mode wake `weights`, load, then wake `kv_cache`)
+            self._wake(["weights"])
         self.load_weights(policy_weights(getattr(policy, "module", policy), self.zero3))
+        self.weights_discarded = False
         if self.asleep:
-            self.llm.wake_up(tags=["kv_cache"])
+            # the stream's temporaries (ZeRO-3 gathers, LoRA merges) are freed by now: their cached blocks too
+            self._wake(["kv_cache"])
             self.asleep = False
 
     def sleep(self) -> None:
         if self.sleep_mode and not self.asleep:
-            # level 1: KV cache dropped, weights offloaded to CPU memory (buffers such as RoPE tables survive)
-            self.llm.sleep(level=1)
+            # level 2 (the default): the KV cache and the weights are discarded, not copied to host memory and back,
+            # since the next sync overwrites every weight anyway (vLLM's sleep-mode docs: level 2 is for updating
+            # the weights; verl uses it from vLLM 0.8.5, TRL's colocate mode too). vLLM >= 0.8.5 keeps the model's
+            # buffers (RoPE tables) on the host across it and restores them with the weights (vllm PR 16889,
+            # Worker.sleep/wake_up), so the sync need not send them. Level 1 offloads the weights to host memory
+            # (rollout.vllm.sleep_level=1: for backends or models where level 2 breaks, e.g. vllm-ascend).
+            self.llm.sleep(level=self.sleep_level)
             self.asleep = True
+            self.weights_discarded = self.sleep_level == 2
 
     def wake_up(self) -> None:
         if self.asleep:
-            self.llm.wake_up()
+            if self.weights_discarded:
+                # TRL reloads the checkpoint from disk here (collective_rpc("reload_weights")); this engine was built
+                # with dummy weights, so only a sync can bring them back
+                raise RuntimeError("the vLLM engine discarded its weights when it slept (sleep level 2): "
+                                   "sync_weights(policy) wakes it, not wake_up")
+            self._wake(None)
             self.asleep = False
+
+    def _wake(self, tags: list[str] | None) -> None:
+        # vLLM wakes into its own memory pool (CuMemAllocator), outside torch's caching allocator, which still holds
+        # the blocks the update freed: hand them back first (TRL empties the cache before each wake-up, verl before
+        # waking the KV cache). A no-op without CUDA: torch.cuda.empty_cache does nothing until CUDA is initialised.
+        torch.cuda.empty_cache()
+        self.llm.wake_up(tags=tags)
 
     def close(self) -> None:
         self.llm.llm_engine.engine_core.shutdown()

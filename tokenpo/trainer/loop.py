@@ -131,7 +131,6 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             start_step, wandb_id, history = state["step"], state.get("wandb_id"), state.get("history", {})
             sampler.load_state_dict(state["sampler"])
             log.info("resumed from %s at step %d", resume_dir, start_step)
-            rollout_engine.sync_weights(policy)
         # steps after the checkpoint (or a whole earlier attempt) are logged again below
         for log_file in ("metrics.jsonl", SAMPLES_FILE):
             checkpoint.trim_metrics(run_dir / log_file, start_step if resume_dir is not None else -1)
@@ -141,8 +140,14 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             record_environment(run_dir, start_step, dist.world_size())
             log.info("run dir: %s", run_dir)
             log.info("prompt template: %s", describe_template(cfg.data.template, tokenizer))
+        # the engine's weights are the initial policy's until a sync: stale after a resume
+        engine_stale = resume_dir is not None
         if start_step < cfg.trainer.max_steps and worst_case_enabled(cfg, device):
+            rollout_engine.sleep()  # the pass checks the update's shapes with the memory the update will have
             run_worst_case(ctx, train_examples)
+            engine_stale = True  # asleep (at vLLM's sleep level 2 without its weights): only a sync wakes it
+        if engine_stale:
+            sync_engine(rollout_engine, policy)
         if start_step == 0 and benchmarks and cfg.eval.before_training:
             metrics = evaluate_benchmarks(ctx, benchmarks, 0, run_dir, "eval_before", logger)
             history["eval_before"] = metrics.get("eval/accuracy")
@@ -163,7 +168,7 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
             with out_of_memory_reported(cfg, f"step {step}", shapes):
                 metrics = train_on_rollouts(ctx, rollouts, ctx.timings) if rollouts.examples else {"lr": lr}
             with ctx.timings("weight_sync"):
-                rollout_engine.sync_weights(policy)
+                sync_engine(rollout_engine, policy)
             metrics.update(dynamic_sampling_metrics(rollouts))
             step_s = time.perf_counter() - step_start
             completion_tokens = sum(len(r) for r in rollouts.response_ids)
@@ -207,6 +212,14 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
     if dist.is_main():
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def sync_engine(rollout_engine, policy) -> None:
+    """After a pass that trained: the blocks torch's caching allocator kept from it handed back to the device (a
+    colocated vLLM wakes into its own pool, outside that allocator; TRL and verl empty the cache there too), then
+    the engine's weights brought to the policy's, which wakes a sleeping engine (weights, load, KV cache)."""
+    torch.cuda.empty_cache()  # does nothing until CUDA is initialised: no-op on CPU
+    rollout_engine.sync_weights(policy)
 
 
 def report_samples(title: str, records: list[dict], count: int) -> None:

@@ -1,0 +1,113 @@
+"""The vllm engine's own sleep/sync sequence against a stand-in `vllm` module (no vLLM needed): the order of its
+calls into vLLM is what a GPU's memory depends on, and vLLM's CPU build has no sleep mode to test it with."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from tokenpo import CONF_DIR
+from tokenpo.config import build_config
+from tokenpo.models.loading import load_model
+from tokenpo.rollout.vllm_engine import VLLMEngine
+
+
+class FakeLLM:
+    """Records the engine's calls into vLLM's LLM, in order, into `calls`."""
+
+    calls: list = []
+
+    def __init__(self, **kwargs) -> None:
+        self.calls.append(("LLM", kwargs))
+
+    def sleep(self, level: int = 1) -> None:
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None) -> None:
+        self.calls.append(("wake_up", tags))
+
+    def apply_model(self, function) -> None:
+        class Model:
+            def load_weights(model_self, weights):
+                self.calls.append(("load_weights", len(list(weights))))
+        function(Model())
+
+    def reset_prefix_cache(self) -> None:
+        self.calls.append(("reset_prefix_cache",))
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch) -> list:
+    """A `vllm` module whose platform is a GPU with sleep mode; returns the list its calls go to."""
+    platform = types.SimpleNamespace(is_cpu=lambda: False, is_sleep_mode_available=lambda: True)
+    vllm = types.ModuleType("vllm")
+    vllm.LLM = FakeLLM
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = platform
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    calls: list = []
+    monkeypatch.setattr(FakeLLM, "calls", calls)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(("empty_cache",)))
+    return calls
+
+
+def engine(*overrides: str) -> tuple[VLLMEngine, torch.nn.Module]:
+    """The engine for the tiny model, and the model (its policy)."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = build_config(compose("train", ["model=tiny", "logger.mode=disabled", "rollout=vllm", *overrides]))
+    tokenizer, model = load_model(cfg.model, cfg.seed)
+    return VLLMEngine(cfg.rollout, model, tokenizer), model
+
+
+def test_level_2_discards_the_weights_and_the_sync_wakes_weights_then_loads_then_wakes_the_kv_cache(fake_vllm):
+    vllm, policy = engine()
+    weights = len(list(policy.state_dict()))
+    assert fake_vllm[0][0] == "LLM" and fake_vllm[0][1]["enable_sleep_mode"] is True
+    # built with dummy weights, then synced (awake: nothing to wake)
+    assert fake_vllm[1:] == [("load_weights", weights), ("reset_prefix_cache",)]
+    fake_vllm.clear()
+    vllm.sleep()
+    vllm.sleep()  # asleep already: no second call
+    assert fake_vllm == [("sleep", 2)]
+    with pytest.raises(RuntimeError, match="discarded its weights"):
+        vllm.wake_up()  # generate after a level-2 sleep without a sync would run on garbage weights
+    vllm.sync_weights(policy)
+    assert fake_vllm == [("sleep", 2),
+                         ("empty_cache",), ("wake_up", ["weights"]),
+                         ("load_weights", weights), ("reset_prefix_cache",),
+                         ("empty_cache",), ("wake_up", ["kv_cache"])]
+    fake_vllm.clear()
+    vllm.wake_up()  # awake after the sync
+    vllm.sync_weights(policy)
+    assert fake_vllm == [("load_weights", weights), ("reset_prefix_cache",)]
+
+
+def test_level_1_keeps_the_weights_and_wake_up_takes_everything_back(fake_vllm):
+    vllm, _ = engine("rollout.vllm.sleep_level=1")
+    fake_vllm.clear()
+    vllm.sleep()
+    vllm.wake_up()
+    assert fake_vllm == [("sleep", 1), ("empty_cache",), ("wake_up", None)]
+
+
+def test_without_sleep_mode_sleep_and_wake_do_nothing(fake_vllm):
+    vllm, policy = engine("rollout.vllm.sleep_mode=false")
+    fake_vllm.clear()
+    vllm.sleep()
+    vllm.wake_up()
+    vllm.sync_weights(policy)
+    assert [call[0] for call in fake_vllm] == ["load_weights", "reset_prefix_cache"]
+
+
+def test_sleep_level_is_checked_at_start_up():
+    from tokenpo.errors import ConfigError
+    from tokenpo.rollout.config import VLLMConfig
+
+    with pytest.raises(ConfigError, match="rollout.vllm.sleep_level must be 1 or 2, got 3"):
+        dataclasses.replace(VLLMConfig(), sleep_level=3).validate()

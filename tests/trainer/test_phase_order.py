@@ -1,0 +1,75 @@
+"""The memory choreography of a run with a colocated engine: the real training loop on the tiny model with an engine
+that records every call the trainer makes, and torch.cuda.empty_cache recorded beside it.
+
+On a GPU the order decides what is resident at once: the engine must be asleep for the worst-case pass and each
+update (they get the memory it releases), the update's cached blocks handed back before the engine wakes into its
+own pool, and the engine woken by the sync (after vLLM's sleep level 2 it has no weights until then)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from multiproc_util import SMALL, in_process_training, train_run
+
+from tokenpo.rollout.engine import ENGINES
+from tokenpo.rollout.hf import HFEngine
+from tokenpo.trainer import loop
+
+# the trainer's phases (recorded around the loop's own functions) and the engine's calls, in the order they ran
+EXPECTED = [
+    "build",
+    # the worst-case pass with the engine asleep, then the sync that wakes it
+    "sleep", "worst_case", "empty_cache", "sync_weights",
+    # the evaluation before training, then every step: rollouts, sleep, update, cache emptied, sync (which wakes)
+    "evaluate", "generate",
+    "rollouts", "generate", "sleep", "update", "empty_cache", "sync_weights",
+    "rollouts", "generate", "sleep", "update", "empty_cache", "sync_weights",
+    # the last step's evaluation, with the engine awake and synced
+    "evaluate", "generate",
+    "close",
+]
+
+
+@pytest.fixture
+def calls(monkeypatch) -> list[str]:
+    """Every call, in order; an engine named `recording` (the hf engine underneath) for the run."""
+    recorded: list[str] = []
+
+    class RecordingEngine(HFEngine):
+        def __init__(self, *args) -> None:
+            recorded.append("build")
+            super().__init__(*args)
+
+    for name in ("generate", "sleep", "wake_up", "sync_weights", "close"):
+        def method(self, *args, _name=name, **kwargs):
+            recorded.append(_name)
+            return getattr(HFEngine, _name)(self, *args, **kwargs)
+        setattr(RecordingEngine, name, method)
+
+    def recorded_call(label, function):
+        def call(*args, **kwargs):
+            recorded.append(label)
+            return function(*args, **kwargs)
+        return call
+
+    monkeypatch.setitem(ENGINES._functions, "recording", RecordingEngine)
+    monkeypatch.setitem(ENGINES._traits, "recording", {})
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: recorded.append("empty_cache"))
+    monkeypatch.setattr(loop, "run_worst_case", recorded_call("worst_case", loop.run_worst_case))
+    monkeypatch.setattr(loop, "collect_rollouts", recorded_call("rollouts", loop.collect_rollouts))
+    monkeypatch.setattr(loop, "train_on_rollouts", recorded_call("update", loop.train_on_rollouts))
+    monkeypatch.setattr(loop, "eval_benchmark", recorded_call("evaluate", loop.eval_benchmark))
+    return recorded
+
+
+def test_engine_sleeps_for_the_worst_case_and_each_update_and_wakes_by_the_sync_after_the_cache_is_emptied(
+        calls, tmp_path):
+    with in_process_training():
+        train_run(tmp_path / "run", [*SMALL, "rollout.engine=recording", "trainer.max_steps=2",
+                                     "trainer.worst_case_first=true", "eval.every_steps=0"])
+    # one generate call or several (dynamic sampling rounds, evaluation batches) count as one phase
+    phases = [name for name, _ in itertools.groupby(calls)]
+    assert phases == EXPECTED
+    assert "wake_up" not in calls  # the sync wakes the engine; nothing generates from a sleeping one
