@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,7 @@ def test_save_renames_into_place_and_points_latest(tmp_path):
     assert (path / "rng_rank0.pt").is_file()
     manifest = json.loads((path / "manifest.json").read_text())
     assert sorted(manifest) == ["rng_rank0.pt", "state/client.json", "state/part0.pt", "tokenpo.json"]
-    assert manifest["state/part0.pt"] == {"bytes": 5, "sha256": hashlib.sha256(b"shard").hexdigest()}
+    assert manifest["state/part0.pt"] == {"bytes": 5, "crc32": f"{zlib.crc32(b'shard'):08x}"}
 
 
 def test_keep_last_deletes_the_oldest(tmp_path):
@@ -181,7 +182,7 @@ def flip_byte(path: Path) -> None:
 
 
 DAMAGE = {
-    "flipped model state": ("state/part0.pt", flip_byte, "sha256 differs from the one recorded when saved"),
+    "flipped model state": ("state/part0.pt", flip_byte, "crc32 differs from the one recorded when saved"),
     "truncated rng": ("rng_rank0.pt", lambda p: p.write_bytes(p.read_bytes()[:100]), "bytes, "),
     "empty rng": ("rng_rank0.pt", lambda p: p.write_bytes(b""), "0 bytes, "),
     "missing state": ("state/client.json", Path.unlink, "missing (listed in manifest.json)"),
@@ -222,7 +223,7 @@ def test_auto_refuses_when_no_checkpoint_verifies(tmp_path):
     for step in (1, 2):
         flip_byte(root / f"step_00000{step}" / "state" / "part0.pt")
     with pytest.raises(checkpoint.CheckpointError, match="^trainer.resume=auto: no checkpoint in .* verifies "
-                       "\\(skipped .*step_000002/state/part0.pt: sha256 .*; trainer.resume=none starts over"):
+                       "\\(skipped .*step_000002/state/part0.pt: crc32 .*; trainer.resume=none starts over"):
         checkpoint.find_resume_dir("auto", tmp_path / "run")
 
 

@@ -65,7 +65,7 @@ def test_lost_latest_resumes_the_newest_step_checkpoint(runs):
 def test_flipped_model_states_fall_back_to_the_previous_checkpoint(runs):
     root = runs["run"] / "checkpoints"
     damaged = root / "step_000004" / "state" / "mp_rank_00_model_states.pt"
-    assert (f"trainer.resume=auto: skipped {damaged}: sha256 differs from the one recorded when saved (corrupted); "
+    assert (f"trainer.resume=auto: skipped {damaged}: crc32 differs from the one recorded when saved (corrupted); "
             f"resuming from {root / 'step_000003'}") in runs["log"]
     before, after = by_step(runs["stages"]["latest lost"]), by_step(runs["stages"]["flipped"])
     assert sorted(after) == [0, 1, 2, 3, 4, 5]
@@ -76,7 +76,7 @@ def test_flipped_model_states_fall_back_to_the_previous_checkpoint(runs):
     aside = sorted(runs["run"].glob("checkpoints.previous-*"))[0]
     assert step_names(aside) == ["step_000004"]
     with pytest.raises(ConfigError, match=f"^{aside / 'step_000004' / 'state' / 'mp_rank_00_model_states.pt'}: "
-                                          "sha256 differs"):
+                                          "crc32 differs"):
         checkpoint.find_resume_dir(str(aside / "step_000004"), runs["run"])
 
 

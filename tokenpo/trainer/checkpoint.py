@@ -1,8 +1,8 @@
 """Resumable checkpoints: model (a LoRA run: its adapters only), optimizer, data position (the learning rate follows from the step), RNG states of every rank, step, W&B id.
 
 Layout under `<run_dir>/checkpoints/`: `step_000004/` (DeepSpeed's `state/` folder, `rng_rank<r>.pt` per rank,
-`tokenpo.json` with the step and number of processes, `manifest.json` with the sha256 and size of every other
-file) and `latest` (JSON naming the newest complete one).
+`tokenpo.json` with the step and number of processes, `manifest.json` with the crc32 and size of every other
+file, each checksummed by the rank that wrote it) and `latest` (JSON naming the newest complete one).
 A checkpoint is written into a hidden temporary folder, its manifest last, and renamed into place only after every
 rank finished writing, then `latest` is replaced atomically: an interrupted save never becomes the one resumed from.
 Resuming verifies the manifest first: `resume=auto` takes the newest checkpoint that verifies, an explicit path
@@ -35,6 +35,7 @@ from tokenpo.trainer.checkpoint_layout import (
     TAG,
     TMP_PREFIX,
     CheckpointError,
+    Ranks,
     check_lora,
     file_records,
     previous_state_bytes,
@@ -51,6 +52,13 @@ log = logging.getLogger("tokenpo")
 
 # RNG files written before they held tensors only keep numpy's key as an ndarray: allow exactly those types
 NUMPY_ARRAY_TYPES = [np.ndarray, np.dtype, np.dtypes.UInt32DType, np._core.multiarray._reconstruct]
+
+
+def process_ranks() -> Ranks:
+    """This process group, to save or verify a checkpoint together (each rank checksums the files it wrote)."""
+    return Ranks(dist.rank(), dist.world_size(), dist.all_gather_objects)
+
+
 def _barrier() -> None:
     if dist.world_size() > 1:
         torch_dist.barrier()
@@ -101,8 +109,10 @@ def save(engine, root: Path, step: int, client_state: dict, keep_last: int, lora
         if lora:
             meta["lora"] = lora
         (tmp / META).write_text(json.dumps(meta))
+    records = file_records(tmp, process_ranks())
+    if dist.is_main():
         # last: a folder with a manifest holds every file it lists
-        (tmp / MANIFEST).write_text(json.dumps(file_records(tmp), indent=1))
+        (tmp / MANIFEST).write_text(json.dumps(records, indent=1))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -117,14 +127,12 @@ def save(engine, root: Path, step: int, client_state: dict, keep_last: int, lora
 
 def find_resume_dir(resume: str, run_dir: Path, quick: bool = False) -> Path | None:
     """`auto`: the newest checkpoint of this run dir that verifies, if any; `none`; or a checkpoint folder / run dir
-    path, which must verify. Rank 0 reads and hashes; every rank gets its answer (or its error). `quick` (a start-up
-    check; the run looks again in full): no hashing and no log lines."""
-    answer = None
-    if dist.is_main():
-        try:
-            answer = resume_dir_on_disk(resume, run_dir, quick)
-        except ConfigError as err:
-            answer = err
+    path, which must verify. Every rank checksums the files it wrote, all at once; every rank gets rank 0's answer (or
+    its error). `quick` (a start-up check; the run looks again in full): no checksums and no log lines."""
+    try:
+        answer = resume_dir_on_disk(resume, run_dir, quick, process_ranks())
+    except ConfigError as err:
+        answer = err
     answer = dist.broadcast_object(answer)
     if isinstance(answer, ConfigError):
         raise answer

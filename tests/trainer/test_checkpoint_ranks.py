@@ -1,0 +1,79 @@
+"""Each rank checksums the checkpoint files it wrote, on save and on resume (issue 27 item 3), and today's manifests
+(sha256 records) still verify."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import checkpoint_ranks
+import pytest
+from multiproc_util import run_ranks
+from test_checkpoint_files import flip_byte, saved_run
+
+from tokenpo.trainer import checkpoint
+from tokenpo.trainer.checkpoint_layout import owner
+
+RANK0 = ["mp_rank_00_model_states.pt", "tokenpo.json"]
+
+
+@pytest.mark.parametrize("name, world_size, rank", [
+    ("state/zero_pp_rank_3_mp_rank_00_optim_states.pt", 8, 3),
+    ("state/bf16_zero_pp_rank_5_mp_rank_00_optim_states.pt", 8, 5),
+    ("state/zero_pp_rank_1_mp_rank_00_model_states.pt", 2, 1),  # ZeRO-3: every rank its model shard
+    ("rng_rank7.pt", 8, 7),
+    ("state/mp_rank_00_model_states.pt", 8, 0),  # ZeRO 0-2: rank 0 writes the whole model
+    ("tokenpo.json", 8, 0),
+    ("state/zero_pp_rank_1_mp_rank_00_optim_states.pt", 1, 0),  # one process looks at all of them
+])
+def test_the_rank_that_wrote_a_file_checksums_it(name, world_size, rank):
+    assert owner(name, world_size) == rank
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("checkpoint_ranks")
+    run_ranks(Path(checkpoint_ranks.__file__), [str(out)], 2, out / "logs", timeout_s=120)
+    return out
+
+
+@pytest.mark.multiproc
+def test_each_rank_checksums_its_own_files_on_save_and_resume(two_ranks):
+    ranks = [json.loads((two_ranks / f"rank{r}.json").read_text()) for r in (0, 1)]
+    mine = {0: {"state/mp_rank_00_model_states.pt", "state/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                "rng_rank0.pt", "tokenpo.json"},
+            1: {"state/zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_rank1.pt"}}
+    for r in (0, 1):
+        for phase in ("save 1", "save 2", "verify intact"):
+            assert sorted(ranks[r]["checksummed"][phase]) == sorted(mine[r]), (r, phase)
+    manifest = json.loads((two_ranks / "run" / "checkpoints" / "step_000001" / "manifest.json").read_text())
+    assert sorted(manifest) == sorted(mine[0] | mine[1])
+    assert manifest["state/zero_pp_rank_1_mp_rank_00_optim_states.pt"]["bytes"] == 3000
+    assert all(set(record) == {"bytes", "crc32"} for record in manifest.values())
+
+
+@pytest.mark.multiproc
+def test_a_damaged_shard_of_rank_1_is_caught_and_every_rank_falls_back(two_ranks):
+    root = two_ranks / "run" / "checkpoints"
+    for r in (0, 1):
+        resumed = json.loads((two_ranks / f"rank{r}.json").read_text())["resumed"]
+        assert resumed == {"intact": str(root / "step_000002"), "damaged": str(root / "step_000001")}
+    shard = root / "step_000002" / "state" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    warning = (f"trainer.resume=auto: skipped {shard}: crc32 differs from the one recorded when saved (corrupted); "
+               f"resuming from {root / 'step_000001'}")
+    assert warning in (two_ranks / "logs" / "rank0.log").read_text()
+    assert "skipped" not in (two_ranks / "logs" / "rank1.log").read_text()
+
+
+def test_a_manifest_of_sha256_records_still_verifies_and_catches_damage(tmp_path):
+    root = saved_run(tmp_path)
+    path = root / "step_000002"
+    # the manifest as tokenpo wrote it before crc32
+    manifest = {str(p.relative_to(path)): {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+                for p in sorted(path.rglob("*")) if p.is_file() and p.name != "manifest.json"}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    assert checkpoint.find_resume_dir(str(path), tmp_path / "other") == path
+    flip_byte(path / "state" / "part0.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="^.*part0.pt: sha256 differs from the one recorded when saved"):
+        checkpoint.find_resume_dir(str(path), tmp_path / "other")
