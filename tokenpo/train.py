@@ -61,11 +61,15 @@ def fail(message: str, in_sweep: bool = False) -> None:
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def hydra_main(tree: DictConfig) -> float | None:
     """One job: a single run, or one point of a sweep; returns trainer.objective at the last step (sweepers read it)."""
+    from tokenpo.trainer.launch import Requeued
+
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         return run_job(tree, in_sweep)
     except ConfigError as err:
         fail(str(err), in_sweep)
+    except Requeued:  # the job's rerun resumes: not a failed job of the sweep
+        raise
     except SystemExit as exit_:
         # a failed worker of a trainer.nproc job fails this job only; a clean stop (a signal) stops the sweep too
         if in_sweep and exit_.code:
@@ -89,7 +93,7 @@ def job_world(nproc: int) -> int:
 
 def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
     from tokenpo.trainer import sweep
-    from tokenpo.trainer.launch import launch_local_workers
+    from tokenpo.trainer.launch import hand_over_stop, launch_local_workers
 
     cfg = build_config(tree)
     sweep.restore_start_method()
@@ -97,6 +101,11 @@ def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
         # jobs side by side (joblib, submitit's cpus_per_task) share the cores instead of each taking all of them
         tree.trainer.threads = cfg.trainer.threads = sweep.job_threads(HydraConfig.get().launcher, cfg.trainer.nproc)
     world = job_world(cfg.trainer.nproc)
+    if cfg.trainer.nproc > 1 and world == 1:
+        from tokenpo.deepspeed.dist import visible_cuda_devices
+        from tokenpo.trainer.launch import check_local_devices
+
+        check_local_devices(cfg.trainer.nproc, visible_cuda_devices())
     # before any process starts or loads a model
     cfg.validate_batch(max(world, cfg.trainer.nproc))
     check_memory_plan(cfg, max(world, cfg.trainer.nproc))
@@ -131,6 +140,7 @@ def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
         key, folder = ("hydra.sweep.dir", HydraConfig.get().sweep.dir) if in_sweep else ("hydra.run.dir", run_dir)
         log.warning("stopped by a signal after step %d; checkpoint saved under %s/checkpoints; to continue, run the "
                     "same command with \"%s='%s'\"", summary["steps"], run_dir, key, folder)
+        hand_over_stop(summary.get("signal"), rank0)
         # a sweep stops here too
         sys.exit(0)
     before, after = summary["eval_before"], summary["eval_after"]
@@ -161,7 +171,7 @@ def run_here(cfg, run_dir: Path, name: str, group: str, resolved: dict, world: i
     from tokenpo.trainer.loop import train
 
     if world > 1:
-        dist.init_distributed(cfg.deepspeed.backend)
+        dist.init_distributed(cfg.deepspeed.backend, cfg.trainer.dist_timeout_s)
         run_dir, name, group = dist.broadcast_object((run_dir, name, group))
         if not dist.is_main():
             logging.getLogger().setLevel(logging.WARNING)
@@ -170,9 +180,11 @@ def run_here(cfg, run_dir: Path, name: str, group: str, resolved: dict, world: i
 
 def main() -> None:
     from tokenpo.progress import quiet_library_bars
-    from tokenpo.trainer.launch import external_launcher_argv
+    from tokenpo.trainer.launch import adopt_slurm_environment, external_launcher_argv
 
     quiet_library_bars()
+    # before the command line is read: a task of srun with several tasks is one rank of one run
+    adopt_slurm_environment()
     sys.argv[1:] = external_launcher_argv(sys.argv[1:])
     try:
         # a DeepSpeed or PEFT release outside the tested range trains wrong or fails late: refused before any work

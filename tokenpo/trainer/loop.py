@@ -28,6 +28,7 @@ from tokenpo.rollout.engine import build_engine
 from tokenpo.trainer import checkpoint
 from tokenpo.trainer.context import RunContext, Timings
 from tokenpo.trainer.environment import record_environment
+from tokenpo.trainer.launch import STOP_SIGNALS
 from tokenpo.trainer.optim import build_optimizer, set_step_lr
 from tokenpo.trainer.rollouts import collect_rollouts, dynamic_sampling_metrics
 from tokenpo.trainer.update import train_on_rollouts
@@ -82,24 +83,29 @@ def evaluate_benchmarks(ctx: RunContext, benchmarks: list, step: int, run_dir: P
 
 
 class StopRequest:
-    """SIGTERM/SIGINT ask the loop to save and exit at the end of the current step."""
+    """A stop signal (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) asks the loop to save and exit at the end of the current step.
+    `restore` puts back the handlers the process had before (submitit's SIGUSR2 handler, which requeues the job)."""
 
     def __init__(self) -> None:
         self.requested = False
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
+        self.signum: int | None = None
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
 
     def _handle(self, signum, frame) -> None:
         if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested, self.signum = True, signum
         log.warning("signal %d: saving a checkpoint after this step, then exiting", signum)
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: dict) -> dict:
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
-    dist.init_distributed(cfg.deepspeed.backend)
+    dist.init_distributed(cfg.deepspeed.backend, cfg.trainer.dist_timeout_s)
     cfg.validate_batch(dist.world_size())
     torch.manual_seed(cfg.seed)
     tokenizer, model = load_model(cfg.model, cfg.seed)
@@ -207,8 +213,10 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
         if step == cfg.trainer.max_steps:
             export_hf(policy, tokenizer, run_dir / "final", cfg.deepspeed.stage)
         logger.finish()
+    stop.restore()
     summary = {"steps": step, "eval_before": history.get("eval_before"), "eval_after": history.get("eval_after"),
-               "elapsed_s": history.get("elapsed_s"), "run_dir": str(run_dir), "interrupted": interrupted}
+               "elapsed_s": history.get("elapsed_s"), "run_dir": str(run_dir), "interrupted": interrupted,
+               "signal": stop.signum if interrupted else None}
     if dist.is_main():
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
