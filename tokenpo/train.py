@@ -92,6 +92,7 @@ def job_world(nproc: int) -> int:
 
 
 def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
+    from tokenpo.deepspeed.build_locks import check_build_locks
     from tokenpo.trainer import sweep
     from tokenpo.trainer.launch import hand_over_stop, launch_local_workers
 
@@ -129,6 +130,8 @@ def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
                      run_dir)
         start_run_dir(run_dir, resume, tree)
     resolved = OmegaConf.to_container(tree, resolve=True)
+    # before DeepSpeed JIT-builds anything here or in the workers: a lock left by a killed build hangs it silently
+    check_build_locks(os.environ)
     if cfg.trainer.nproc > 1 and world == 1:
         summary = launch_local_workers(cfg.trainer.nproc, run_dir, name, group, resolved)
     else:

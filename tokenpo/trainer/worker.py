@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from tokenpo.config import build_config
+from tokenpo.deepspeed.build_locks import check_build_locks
 from tokenpo.errors import ConfigError
 from tokenpo.trainer.launch import RESOLVED, die_with_launcher
 from tokenpo.trainer.loop import train
@@ -28,6 +29,8 @@ def main(argv: list[str]) -> int:
     rank0 = os.environ.get("RANK", "0") == "0"
     handlers = [logging.StreamHandler()] + ([logging.FileHandler(run_dir / "train.log")] if rank0 else [])
     logging.basicConfig(level=logging.INFO if rank0 else logging.WARNING, format=LOG_FORMAT, handlers=handlers)
+    # a worker about to wait on a sibling's (or a dead) JIT build says so, before DeepSpeed starts
+    check_build_locks(os.environ)
     try:
         train(build_config(payload["config"]), run_dir, payload["name"], payload["group"], payload["config"])
     except ConfigError as err:
