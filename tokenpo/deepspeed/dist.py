@@ -5,11 +5,15 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from packaging import version
 
 from tokenpo.deepspeed import name_the_accelerator
+from tokenpo.errors import ConfigError
+from tokenpo.trainer.config import TrainerConfig
 
 name_the_accelerator()
 
@@ -20,8 +24,34 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def init_distributed(backend: str) -> None:
-    """Join the launcher's process group; a lone process makes a group of one (DeepSpeed needs one)."""
+def local_device_index(local_rank: int, visible: int) -> int:
+    """This process's CUDA device among the `visible` ones: LOCAL_RANK where every process of the node sees all of
+    them (torchrun, tokenpo's workers, submitit), 0 where each task sees exactly one (Slurm's --gpus-per-task=1)."""
+    if local_rank < visible:
+        return local_rank
+    if visible == 1:
+        return 0
+    raise ConfigError(f"LOCAL_RANK={local_rank} but this process sees {visible} CUDA devices (CUDA_VISIBLE_DEVICES): "
+                      "give every process of a node all of its devices, or each process exactly one")
+
+
+def bound_device(index: int, world_size: int, backend: str) -> torch.device | None:
+    """The device NCCL binds its communicator to at init (init_process_group's device_id), as DeepSpeed's own
+    TorchBackend decides it: NCCL only, not for a group of one (torch then splits every new group from a communicator
+    no peer joins; deepspeed#8248), and not on torch releases after 2.6.0 and before 2.7.1, where it hangs
+    (pytorch#153960)."""
+    hangs = version.parse("2.6.0") < version.parse(torch.__version__) < version.parse("2.7.1")
+    if backend != "nccl" or world_size == 1 or hangs:
+        return None
+    return torch.device("cuda", index)
+
+
+def init_distributed(backend: str, timeout_s: float = TrainerConfig.dist_timeout_s) -> None:
+    """Join the launcher's process group; a lone process makes a group of one (DeepSpeed needs one).
+
+    The CUDA device is chosen before the group exists, as torchrun's recipe does (set_device, then
+    init_process_group(device_id=...)); every collective waits `timeout_s` (trainer.dist_timeout_s) for the slowest
+    process."""
     if dist.is_initialized():
         return
     if "WORLD_SIZE" not in os.environ:
@@ -29,14 +59,28 @@ def init_distributed(backend: str) -> None:
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    device_id = None
+    if torch.cuda.is_available():
+        index = local_device_index(int(os.environ["LOCAL_RANK"]), torch.cuda.device_count())
+        torch.cuda.set_device(index)
+        # DeepSpeed's engine picks its device by LOCAL_RANK: a task that sees one device names it
+        os.environ["LOCAL_RANK"] = str(index)
+        device_id = bound_device(index, int(os.environ["WORLD_SIZE"]), backend)
+    timeout = timedelta(seconds=timeout_s)
+    # ours, not DeepSpeed's: its TorchBackend binds device LOCAL_RANK, which a one-device task does not have; it joins
+    # the group that exists
+    dist.init_process_group(backend, timeout=timeout, device_id=device_id)
     import deepspeed
 
     # on the CPU DeepSpeed probes its ops by compiling test programs; setuptools logs each gcc command at INFO,
     # which the run's console log would show on every start
     logging.getLogger("compilers").setLevel(logging.WARNING)
-    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=timeout)
+
+
+def visible_cuda_devices() -> int:
+    """CUDA devices this process can use (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def rank() -> int:

@@ -21,6 +21,7 @@ class TrainerConfig:
     mini_batches: int = 1
     micro_batch_size: int = 32
     nproc: int = 1
+    dist_timeout_s: float = 7200.0
     save_every: int = 0
     keep_last: int = 2
     resume: str = "auto"
@@ -40,8 +41,9 @@ class TrainerConfig:
         for key in ("warmup_steps", "save_every", "threads", "print_samples", "weight_decay", "max_grad_norm"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"trainer.{key} must be >= 0, got {getattr(self, key)}")
-        if not self.lr > 0:
-            raise ConfigError(f"trainer.lr must be > 0, got {self.lr}")
+        for key in ("lr", "dist_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"trainer.{key} must be > 0, got {getattr(self, key)}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"trainer.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
         if self.memory_limit is not None:

@@ -3,8 +3,8 @@
 Two ways in:
 - `trainer.nproc=N`: the Hydra job starts N local worker processes itself (so `-m` sweeps work unchanged);
   workers join one process group through the usual RANK / WORLD_SIZE / MASTER_* variables and share the
-  job's run dir. If one fails, the others are stopped and the job fails with its exit code; SIGTERM/SIGINT
-  sent to the job are forwarded once to every worker (they save a checkpoint and exit). If the job dies without
+  job's run dir. If one fails, the others are stopped and the job fails with its exit code; a stop signal
+  (`STOP_SIGNALS`) sent to the job is forwarded once to every worker (they save a checkpoint and exit). If the job dies without
   a word (SIGKILL, the OOM killer), its workers are killed with it (`die_with_launcher`).
 - an external launcher (torchrun, `deepspeed` incl. --hostfile, or anything that sets WORLD_SIZE): every rank
   runs Hydra's main. Only rank 0 keeps Hydra's run dir; the other ranks point Hydra at a private temporary
@@ -12,6 +12,11 @@ Two ways in:
 - a submitit job of several tasks (`hydra/launcher=submitit_slurm` or `submitit_local` with tasks_per_node > 1,
   on one or several nodes): every task runs the Hydra job; `adopt_submitit_environment` turns the job's Slurm /
   submitit variables into torchrun's, and only rank 0 writes the job's run dir.
+- `srun python -m tokenpo.train` with several tasks (no torchrun inside): `slurm_ranks` reads Slurm's own task
+  variables into torchrun's, so the tasks train as one run.
+
+A run stopped by SIGUSR1/SIGUSR2 (the warning Slurm's --signal and submitit send before a time limit or a preemption)
+saves its checkpoint, then `hand_over_stop` gets the job requeued, and the requeued job resumes from that checkpoint.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from __future__ import annotations
 import atexit
 import ctypes
 import json
+import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -27,7 +34,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+
+from tokenpo.errors import ConfigError
+
+log = logging.getLogger("tokenpo")
 
 RESOLVED = "resolved_config.json"
 # environment variable: the pid of the job that started a worker (the worker dies with it)
@@ -39,6 +52,33 @@ PARENT_POLL_S = 0.5
 # seconds a worker gets to exit after SIGTERM once another worker failed, before SIGKILL
 STOP_GRACE_S = 10.0
 POLL_S = 0.2
+# signals that stop a run after its current step, with a checkpoint: a terminal's or a scheduler's stop (SIGTERM,
+# Ctrl-C) and the warnings sent before a time limit or a preemption: `sbatch --signal=USR1@120` (SIGUSR1, Lightning's
+# requeue signal) and submitit's (SIGUSR2, its default SUBMITIT_PREEMPT_SIGNAL)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+# the stop signals that ask for a requeue once the checkpoint is saved
+REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+# variables a launcher (torchrun, the deepspeed launcher, tokenpo's own) sets: with any of them, its ranks win
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+# Slurm job ids' last digits + this = the master port every task derives alike (Lightning's SLURMEnvironment)
+SLURM_PORT_BASE = 15000
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The variables torchrun sets for one process of a run."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+    def export(self) -> None:
+        os.environ.update(RANK=str(self.rank), LOCAL_RANK=str(self.local_rank), WORLD_SIZE=str(self.world_size),
+                          LOCAL_WORLD_SIZE=str(self.local_world_size), MASTER_ADDR=self.master_addr,
+                          MASTER_PORT=str(self.master_port))
 
 
 def external_world_size() -> int:
@@ -59,8 +99,57 @@ def adopt_submitit_environment() -> bool:
     if env.world_size == 1:
         return False
     # every task sees all of its node's GPUs; tokenpo.deepspeed.dist picks the one of LOCAL_RANK
-    env.export(set_cuda_visible_devices=False)
+    Ranks(env.rank, env.local_rank, env.world_size, env.local_world_size, env.master_addr, env.master_port).export()
     return True
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list in its compressed syntax: `node[01-04,07]` -> node01, `a1,b[2-3]` -> a1,
+    `rack[1-2]-gpu[3-4]` -> rack1-gpu3 (what `scontrol show hostnames` prints first)."""
+    first = re.match(r"(?:[^,\[]|\[[^\]]*\])+", nodelist)
+    if first is None:
+        raise ConfigError(f"SLURM_NODELIST={nodelist!r} names no host")
+    return re.sub(r"\[([^\],-]+)[^\]]*\]", r"\1", first.group(0))
+
+
+def tasks_on_node(tasks_per_node: str, node: int) -> int:
+    """Tasks on node `node` from SLURM_TASKS_PER_NODE (`4(x2),3`: 4 on nodes 0 and 1, 3 on node 2)."""
+    counts = []
+    for part in tasks_per_node.split(","):
+        count, _, repeat = part.partition("(x")
+        counts += [int(count)] * int(repeat.rstrip(")") or 1)
+    return counts[node]
+
+
+def slurm_ranks(env: Mapping[str, str]) -> Ranks | None:
+    """torchrun's variables for one task of `srun` with several tasks, from Slurm's own (SLURM_PROCID, SLURM_LOCALID,
+    SLURM_NTASKS, the first host of SLURM_NODELIST, a port from SLURM_JOB_ID; a MASTER_ADDR / MASTER_PORT already set
+    wins), as Lightning's SLURMEnvironment reads them. None outside such a task, or under a launcher that set its own
+    ranks (torchrun inside the job)."""
+    if int(env.get("SLURM_NTASKS", "1")) < 2 or "SLURM_PROCID" not in env or any(v in env for v in LAUNCHER_VARS):
+        return None
+    world = int(env["SLURM_NTASKS"])
+    return Ranks(rank=int(env["SLURM_PROCID"]), local_rank=int(env.get("SLURM_LOCALID", "0")), world_size=world,
+                 local_world_size=tasks_on_node(env.get("SLURM_TASKS_PER_NODE", str(world)),
+                                                int(env.get("SLURM_NODEID", "0"))),
+                 master_addr=env.get("MASTER_ADDR") or first_host(env["SLURM_NODELIST"]),
+                 master_port=int(env.get("MASTER_PORT") or SLURM_PORT_BASE + int(env["SLURM_JOB_ID"][-4:])))
+
+
+def adopt_slurm_environment() -> bool:
+    """In a task of `srun` with several tasks: export torchrun's variables (`slurm_ranks`); True when it did."""
+    ranks = slurm_ranks(os.environ)
+    if ranks is None:
+        return False
+    ranks.export()
+    return True
+
+
+def check_local_devices(nproc: int, visible: int) -> None:
+    """trainer.nproc local workers take a CUDA device each; `visible` 0 (no CUDA): nothing to check."""
+    if visible and nproc > visible:
+        raise ConfigError(f"trainer.nproc={nproc} but this machine has {visible} visible CUDA device(s) "
+                          "(CUDA_VISIBLE_DEVICES): one per process")
 
 
 def local_world_size() -> int:
@@ -127,7 +216,7 @@ def exit_status(returncode: int) -> int:
 
 def supervise(procs: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> tuple[int, int | None]:
     """Wait for every worker. The first failure stops the others (SIGTERM, then SIGKILL after `grace_s`);
-    SIGTERM/SIGINT received here are forwarded to the workers, which save and exit.
+    stop signals (`STOP_SIGNALS`) received here are forwarded to the workers, which save and exit.
 
     Returns (exit status of the first failure or 0, the signal forwarded or None).
     """
@@ -139,7 +228,7 @@ def supervise(procs: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> t
             if proc.poll() is None:
                 proc.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
     try:
         status, deadline = 0, None
         running = list(procs)
@@ -163,6 +252,48 @@ def supervise(procs: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> t
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return status, (forwarded[0] if forwarded else None)
+
+
+class Requeued(SystemExit):
+    """The job's scheduler requeued it after its checkpoint (submitit exits -1): not a failure, its rerun resumes."""
+
+
+def slurm_job_to_requeue(env: Mapping[str, str]) -> str | None:
+    """The id `scontrol requeue` takes for this Slurm job (`<array job>_<task>` for an array's job, as Lightning
+    names it), None outside Slurm."""
+    if "SLURM_ARRAY_JOB_ID" in env:
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID")
+
+
+def hand_over_stop(signum: int | None, rank0: bool) -> None:
+    """After a run stopped by `signum` saved its checkpoint: get the job requeued when `signum` asked for it.
+
+    A handler the job had for that signal before the run (submitit's for SIGUSR2: on rank 0 it requeues the job and
+    exits -1, raised here as `Requeued`) runs now. In a Slurm job with no such handler (`sbatch --signal=USR1@120`),
+    rank 0 runs `scontrol requeue`, as Lightning's SLURMEnvironment does on SIGUSR1; the requeued job runs the same
+    command, and trainer.resume=auto continues from the checkpoint."""
+    if signum not in REQUEUE_SIGNALS:
+        return
+    handler = signal.getsignal(signum)
+    if callable(handler):
+        try:
+            handler(signum, None)
+        except SystemExit as exit_:
+            raise Requeued(exit_.code) from None
+        return
+    job = slurm_job_to_requeue(os.environ)
+    if job is None or not rank0:
+        return
+    try:
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        log.warning("could not requeue Slurm job %s: %s", job, err)
+        return
+    if result.returncode:
+        log.warning("scontrol requeue %s failed (status %d): %s", job, result.returncode, result.stderr.strip())
+    else:
+        log.info("requeued Slurm job %s: it resumes from this checkpoint", job)
 
 
 def launch_local_workers(nproc: int, run_dir: Path, name: str, group: str, resolved: dict) -> dict | None:
