@@ -1,248 +1,69 @@
-"""The GPU check (run by scripts/check_gpu.sh after its offline install): a few minutes on one CUDA device.
+"""The GPU check (run by scripts/check_gpu.sh after its offline install): its parts in order of value, each a
+subprocess under its own timeout, all inside one wall-clock budget. Into --out, as each part finishes: <part>.log
+(written as it runs, and the log of each tokenpo run beside it), <part>.json (its row) and gpu_check.md (the table
+of all parts, rewritten after each), so a run stopped at any point returns what it did.
 
-- bf16 training on CUDA, one process, NCCL, ZeRO 0, 2 and 3, 3 steps each (the worst case first), of the tiny model
-  and of a randomly initialised ~0.4B model of a real architecture (Qwen2.5-0.5B's numbers with SmolLM2's
-  49152-token tokenizer: scripts/gpu_check/qwen2_0_4b, config and tokenizer only, the weights drawn here);
-- a LoRA step of that model (model.lora.rank=16);
-- peak CUDA memory of each run against tokenpo.plan's total at the shapes the run met;
-- sampler/trainer log-prob agreement in bf16: the log-probs of sampled tokens as the hf engine's incremental decode
-  computes them against the trainer's pass (tokenpo.models.logprobs.response_logprobs);
-- tokenpo against TRL's GRPOTrainer, seconds per step (python -m tokenpo.bench --vs-trl), when TRL is installed.
-It writes one markdown table (--table, default docs/gpu_check.md).
+    python scripts/gpu_check.py --out "$OUT"                        # on the GPU machine (check_gpu.sh does this)
+    python scripts/gpu_check.py --device cpu --out /tmp/gpu_check   # the same parts at small sizes: gloo, fp32
+    python scripts/gpu_check.py --device cpu --only device dtypes   # some parts
 
-    python scripts/gpu_check.py                       # on the GPU machine
-    python scripts/gpu_check.py --cpu --models tiny   # the same flow on CPU (gloo, fp32): a check of the script
+The parts and their budget: docs/memory.md, "The GPU check".
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
-import os
-import re
-import shutil
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu_check"))
+
+from harness import Part, python_part, run_check  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
-MODEL_FILES = REPO / "scripts" / "gpu_check" / "qwen2_0_4b"
-SHAPES = ["data=arith", "data.prompts_per_step=8", "rollout.group_size=8", "rollout.max_new_tokens=128",
-          "eval.max_problems=8", "eval.before_training=false", "trainer.max_steps=3", "trainer.print_samples=0",
-          "trainer.worst_case_first=true", "logger.mode=disabled", "reward.num_workers=2"]
-WORST_CASE = re.compile(r"worst case first: forward \+ backward of \d+ sequences x \((\d+) \+ (\d+)\) tokens")
-GIB = 2**30
+PARTS_SCRIPT = REPO / "scripts" / "gpu_check" / "parts.py"
+# (part, what it checks, its timeout in seconds on the H200: about twice the estimate in docs/memory.md; sum 430)
+PLAN = (
+    ("device", "CUDA device, NCCL process group (all-reduce), tokenpo's own set-up: tiny model, 1 step", 45),
+    ("zero3_lora_resume", "bf16 ZeRO-3 + LoRA r16 + gradient checkpointing + recompute_head, ~0.4B; save, resume", 100),
+    ("vocab152k_2k", "152064-row output layer, 2048-token responses, recompute_head, ZeRO 2, bf16", 85),
+    ("dapo_dynamic_sampling", "DAPO with dynamic sampling (rounds, dropped groups), ~0.4B, ZeRO 2, bf16", 50),
+    ("dtypes", "model.dtype x deepspeed.precision: kl/ref exactly 0 at step 1; refused pairs in one line", 55),
+    ("memory_phases", "hf engine, ZeRO 0, worst case first: order of empty_cache calls and reserved memory", 45),
+    ("logprobs", "sampler (incremental decode) vs trainer log-probs of sampled tokens, bf16, ~0.4B", 30),
+    ("peak_vs_plan", "CUDA peak reserved of each run above against tokenpo.plan", 20),
+)
+# the CPU rehearsal's timeouts: 2 shared cores, tiny sizes
+CPU_TIMEOUT_S = {"zero3_lora_resume": 240, "dtypes": 180}
 
 
-def model_overrides(name: str, folder: Path) -> list[str]:
-    if name == "tiny":
-        return ["model=tiny"]
-    return ["model=qwen2_5_7b", "model.name=qwen2_0_4b", "model.source=local", f"model.path={folder}",
-            "model.dtype=bfloat16"]
+def parts_for(device: str, out: Path, work: Path, only: list[str] | None) -> list[Part]:
+    return [python_part(name, what, CPU_TIMEOUT_S.get(name, 120) if device == "cpu" else timeout_s, PARTS_SCRIPT,
+                        name, "--device", device, "--out", str(out), "--work", str(work))
+            for name, what, timeout_s in PLAN if not only or name in only]
 
 
-def random_model(folder: Path) -> Path:
-    """The ~0.4B model with weights drawn from its config's initialisation (seed 0), saved with its tokenizer."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    if (folder / "model.safetensors").is_file():
-        return folder
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(MODEL_FILES), dtype=torch.bfloat16)
-    model.save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(MODEL_FILES / name, folder / name)
-    return folder
-
-
-def train(label: str, overrides: list[str], out: Path, timeout_s: float) -> dict:
-    """`python -m tokenpo.train` in a subprocess: median step time of steps 2-3, peak CUDA memory, the worst-case
-    shapes it met; or its one error line."""
-    run_dir = out / label
-    start = time.perf_counter()
-    result = {"label": label, "overrides": overrides}
-    try:
-        proc = subprocess.run([sys.executable, "-m", "tokenpo.train", *overrides, f"hydra.run.dir={run_dir}"],
-                              cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return result | {"error": f"timed out after {timeout_s:.0f} s"}
-    result["seconds"] = time.perf_counter() - start
-    log = proc.stdout + proc.stderr
-    (out / f"{label}.log").write_text(log)
-    if proc.returncode != 0:
-        errors = [line for line in log.splitlines() if "error" in line.lower()]
-        result["error"] = (errors or log.splitlines() or ["no output"])[-1][:300]
-        return result
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [s for s in steps if s["step"] > 0]
-    result["step_s"] = statistics.median(s["timing/step_s"] for s in steps[1:] or steps)
-    result["allocated"] = steps[-1].get("memory/cuda_peak_allocated_bytes")
-    result["reserved"] = steps[-1].get("memory/cuda_peak_reserved_bytes")
-    met = WORST_CASE.search(log)
-    result["prompt_tokens"] = int(met.group(1)) if met else None
-    return result
-
-
-def planned(overrides: list[str], prompt_tokens: int | None, device: str) -> dict:
-    from tokenpo.plan import build_plan
-    from tokenpo.plan.cli import compose_train_config
-
-    plan = build_plan(compose_train_config(overrides), 1, None, prompt_tokens, device=device)
-    runtime = next(part.bytes for part in plan.parts if part.name == "runtime")
-    return {"total": plan.total_bytes, "tensors": plan.total_bytes - runtime}
-
-
-def sampler_logprobs(model, prompt_ids, mask, tokens):
-    """Log-probs of the sampled tokens as incremental decoding computes them (prefill, then one token at a time
-    over the KV cache, as tokenpo.rollout.hf.generate_hf runs)."""
-    import torch
-    from transformers import DynamicCache
-
-    from tokenpo.models.logprobs import kv_cache, position_ids_from_mask
-
-    cache = DynamicCache()
-    out = model(input_ids=prompt_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                **kv_cache(model, cache), use_cache=True)
-    logits, position, logps = out.logits[:, -1], mask.sum(-1), []
-    for t in range(tokens.shape[1]):
-        logps.append(torch.log_softmax(logits.float(), -1).gather(1, tokens[:, t : t + 1]).squeeze(1))
-        mask = torch.cat([mask, mask.new_ones(len(mask), 1)], 1)
-        out = model(input_ids=tokens[:, t : t + 1], attention_mask=mask, position_ids=position[:, None],
-                    **kv_cache(model, cache), use_cache=True)
-        logits, position = out.logits[:, -1], position + 1
-    return torch.stack(logps, 1)
-
-
-def logprob_agreement(folder: Path, device: str, dtype_name: str, group_size: int, new_tokens: int) -> dict:
-    """Sampler (incremental decode) against trainer (response_logprobs) log-probs of 2 x G sampled responses."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from tokenpo.algorithms.rollout_correction import sampler_mismatch
-    from tokenpo.models.logprobs import left_pad, response_logprobs
-    from tokenpo.rollout.engine import SamplingParams
-    from tokenpo.rollout.hf import generate_hf
-
-    dtype = getattr(torch, dtype_name)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": f"What is {a} + {b}?"}], tokenize=False,
-                                           add_generation_prompt=True) for a, b in ((15, 54), (7, 8))]
-    prompts = [tokenizer(text, add_special_tokens=False).input_ids for text in texts]
-    generator = torch.Generator(device).manual_seed(0)
-    g = group_size
-    with torch.no_grad():
-        responses = generate_hf(model, prompts, SamplingParams(g, new_tokens), tokenizer.pad_token_id,
-                                generator).token_ids
-        ids, mask = (t.to(device) for t in left_pad(prompts, tokenizer.pad_token_id))
-        width = max(map(len, responses))
-        tokens = torch.full((len(responses), width), tokenizer.pad_token_id, device=device)
-        real = torch.zeros(len(responses), width, device=device)
-        for row, response in enumerate(responses):
-            tokens[row, : len(response)] = torch.tensor(response, device=device)
-            real[row, : len(response)] = 1
-        sampled = sampler_logprobs(model, ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0), tokens)
-        trained, _ = response_logprobs(model, ids, mask, tokens, real, group_size=g, with_entropy=False)
-    metrics = sampler_mismatch(trained, sampled, real)
-    return {key: float(value) for key, value in metrics.items()} | {"tokens": int(real.sum()), "dtype": dtype_name}
-
-
-def trl_comparison(out: Path) -> dict:
-    if importlib.util.find_spec("trl") is None:
-        return {"error": "skipped: TRL is not installed (trl + datasets + pyarrow are over the 64 MiB a GPU slot "
-                         "receives; scripts/gpu_wheels.sh)"}
-    path = out / "bench_vs_trl.json"
-    proc = subprocess.run([sys.executable, "-m", "tokenpo.bench", "--vs-trl", "--model", "tiny", "--prompts", "8",
-                           "--group-size", "8", "--max-new-tokens", "128", "--beta", "0", "--steps", "3",
-                           "--override", "deepspeed.precision=bf16", "--override", "deepspeed.backend=nccl",
-                           "--out", str(path)], cwd=REPO, capture_output=True, text=True, timeout=240)
-    if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:300]}
-    result = json.loads(path.read_text())
-    return {"tokenpo_step_s": result["tokenpo"]["median_step_s"], "trl_step_s": result["trl"]["median_step_s"]}
-
-
-def gib(value) -> str:
-    return "-" if value is None else f"{value / GIB:.2f}"
-
-
-def table(device_name: str, runs: list[dict], agreement: dict, trl: dict) -> str:
-    lines = [f"# GPU check (scripts/check_gpu.sh)\n\n{device_name}; one process; 8 prompts x 8 responses x 128 "
-             "tokens, 3 steps, worst case first. Peak CUDA memory (torch's allocated / reserved) against the memory "
-             "plan's tensors (its total less the runtime part) at the prompt length the worst-case pass met.\n",
-             "| run | result | median step (s) | peak allocated (GiB) | peak reserved (GiB) | plan tensors (GiB) "
-             "| plan vs reserved |", "|---|---|---:|---:|---:|---:|---:|"]
-    for run in runs:
-        if "error" in run:
-            lines.append(f"| {run['label']} | {run['error']} | | | | | |")
-            continue
-        plan = run.get("plan", {}).get("tensors")
-        error = f"{100 * (plan - run['reserved']) / run['reserved']:+.0f} %" if plan and run["reserved"] else "-"
-        lines.append(f"| {run['label']} | ok | {run['step_s']:.2f} | {gib(run['allocated'])} | "
-                     f"{gib(run['reserved'])} | {gib(plan)} | {error} |")
-    if "error" in agreement:
-        lines.append(f"\nSampler/trainer log-probs (bf16): {agreement['error']}")
-    else:
-        lines.append(f"\nSampler/trainer log-probs ({agreement['dtype']}, {agreement['tokens']} sampled tokens of the "
-                     "~0.4B model): " + ", ".join(f"{k} {v:.3g}" for k, v in agreement.items()
-                                                  if k not in ("tokens", "dtype")))
-    if "error" in trl:
-        lines.append(f"\ntokenpo vs TRL GRPOTrainer: {trl['error']}")
-    else:
-        lines.append(f"\ntokenpo vs TRL GRPOTrainer (tiny model, same work): {trl['tokenpo_step_s']:.2f} s vs "
-                     f"{trl['trl_step_s']:.2f} s per step")
-    return "\n".join(lines) + "\n"
+def header(device: str, budget_s: float) -> str:
+    where = "CPU rehearsal (gloo, fp32, tiny sizes): a check of the harness, not of a GPU" if device == "cpu" else (
+        "one CUDA device, bf16 with NCCL, one process per run")
+    return (f"# GPU check (scripts/check_gpu.sh)\n\n{where}; budget {budget_s:.0f} s, each part under its own "
+            "timeout. Each part's log and findings: <part>.log and <part>.json beside this table; the device: the "
+            "device row's <part>.json.\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "outputs" / "check_gpu")
-    parser.add_argument("--table", type=Path, default=REPO / "docs" / "gpu_check.md")
-    parser.add_argument("--models", nargs="+", default=["tiny", "qwen2_0_4b"])
-    parser.add_argument("--stages", nargs="+", type=int, default=[0, 2, 3])
-    parser.add_argument("--cpu", action="store_true", help="gloo and fp32 on CPU: checks this script, not a GPU")
-    parser.add_argument("--timeout", type=float, default=150, help="seconds per training run")
+    # the drawn models (0.7 GB) and the run dirs with their checkpoints stay out of --out, which comes back from the slot
+    parser.add_argument("--work", type=Path, default=Path("/tmp/tokenpo_gpu_check"), help="models and run dirs")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--budget", type=float, default=440, help="seconds for all parts together")
+    parser.add_argument("--only", nargs="+", choices=[name for name, _, _ in PLAN], help="run these parts only")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("WANDB_MODE", "disabled")
-    device = "cpu" if args.cpu else "cuda"
-    precision = ["deepspeed.precision=fp32", "deepspeed.backend=gloo"] if args.cpu else [
-        "deepspeed.precision=bf16", "deepspeed.backend=nccl"]
-    if args.cpu:
-        device_name = "CPU (a check of the script)"
-    else:
-        import torch
-
-        props = torch.cuda.get_device_properties(0)
-        device_name = f"{props.name}, {props.total_memory / GIB:.0f} GiB, torch {torch.__version__}"
-    folder = random_model(args.out / "qwen2_0_4b")
-    runs = []
-    for name in args.models:
-        for stage in args.stages:
-            overrides = [*SHAPES, *model_overrides(name, folder), f"deepspeed=zero{stage}", *precision]
-            runs.append(train(f"{name} ZeRO {stage}", overrides, args.out, args.timeout))
-    if "qwen2_0_4b" in args.models:
-        overrides = [*SHAPES, *model_overrides("qwen2_0_4b", folder), "deepspeed=zero2", "model.lora.rank=16",
-                     *precision]
-        runs.append(train("qwen2_0_4b ZeRO 2 LoRA r16", overrides, args.out, args.timeout))
-    for run in runs:
-        if "error" not in run:
-            run["plan"] = planned(run["overrides"], run["prompt_tokens"], device)
-    try:
-        # bf16 matmuls crawl on CPUs without bf16 units: the CPU flow checks the code in fp32, on fewer tokens
-        agreement = (logprob_agreement(folder, device, "float32", 2, 16) if args.cpu
-                     else logprob_agreement(folder, device, "bfloat16", 8, 64))
-    except Exception as err:  # a failed part of the check is a row, not the end of the check
-        agreement = {"error": f"failed: {type(err).__name__}: {err}"[:300]}
-    trl = {"error": "skipped on CPU"} if args.cpu else trl_comparison(args.out)
-    (args.out / "runs.json").write_text(json.dumps({"runs": runs, "agreement": agreement, "trl": trl}, indent=1))
-    text = table(device_name, runs, agreement, trl)
-    args.table.write_text(text)
-    print(text)
+    out = args.out.resolve()
+    rows = run_check(parts_for(args.device, out, args.work.resolve(), args.only), out, args.budget, header(args.device, args.budget), REPO)
+    print((out / "gpu_check.md").read_text())
+    sys.exit(0 if all(row.status == "ok" for row in rows) else 1)
 
 
 if __name__ == "__main__":

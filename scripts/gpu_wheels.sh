@@ -4,6 +4,7 @@
 # torch, transformers, accelerate, peft, safetensors, numpy, matplotlib, psutil, pytest), at this venv's versions.
 #   bash scripts/gpu_wheels.sh [folder]        # default: gpu_wheels/ (git-ignored); prints its size
 #   GPU_PYTHON=3.11 bash scripts/gpu_wheels.sh  # binary wheels for another Python (tests/test_gpu_wheels.py: this one's)
+#   PY=.venv/bin/python bash scripts/gpu_wheels.sh  # from an existing environment, without running setup.sh
 # Pure-Python wheels are built here where the registry has only source: antlr4-python3-runtime 4.9.3 (Hydra's pin)
 # and DeepSpeed without its compiled ops (DS_BUILD_OPS=0: they JIT-build where needed). Binary packages come as
 # CPython 3.12 manylinux wheels. Left out, and why:
@@ -14,7 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-gpu_wheels}"
 PYVER="${GPU_PYTHON:-3.12}"
-PY="$(bash scripts/setup.sh | tail -n 1)"
+# PY: a Python whose environment already holds tokenpo's dependencies (default: the one scripts/setup.sh makes)
+PY="${PY:-$(bash scripts/setup.sh | tail -n 1)}"
 # beyond the image: tokenpo's own dependencies (hydra, deepspeed, math-verify, gguf) and theirs
 BINARY=(pydantic-core msgpack ninja)
 PURE=(hydra-core omegaconf math-verify latex2sympy2_extended gguf hjson py-cpuinfo pydantic annotated-types
