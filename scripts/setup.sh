@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's virtual environment and install tokenpo with everything it needs.
-# Idempotent: a stamp keyed on pyproject.toml, constraints/gpu.txt and this script skips the install when nothing changed.
+# Idempotent: a stamp keyed on pyproject.toml, constraints/gpu.txt and this script skips the install when nothing
+# changed.
 # TOKENPO_VENV picks the environment folder (default: .venv in the repository).
 # With nvidia-smi on PATH it installs the CUDA set of constraints/gpu.txt (torch, vLLM's GPU wheel, DeepSpeed;
 # docs/gpu.md), without it the CPU set. `bash scripts/setup.sh --dry-run` prints the install commands instead.

