@@ -60,7 +60,7 @@ def cases(tmp: Path) -> list[tuple[str, list[str], dict]]:
         ("reward.decimal_tolerance", [*tiny, "reward.decimal_tolerance=-1"], {}),
         ("resume: no checkpoint", [*tiny, "trainer.resume=/nonexistent/run"], {}),
         ("resume: latest not JSON", [*tiny, f"trainer.resume={tmp / 'old_run'}"], {}),
-        ("hub model offline", ["model=qwen2_5_7b"], {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp / "hf")}),
+        ("hub model offline", ["model=qwen2_5_7b", "deepspeed.precision=bf16"], {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp / "hf")}),
         ("tokenizer_from unknown", [*tiny, "model.tokenizer_from=nosuch"], {}),
         ("memory limit unreadable", [*tiny, "trainer.memory_limit=lots"], {}),
         ("memory limit exceeded", [*tiny, "trainer.memory_limit=1KiB"], {}),

@@ -279,7 +279,8 @@ def test_checkpoint_dir_with_a_latest_file_that_is_not_json(tmp_path):
 
 
 def test_hub_model_missing_offline_fails_in_one_line_before_any_download(tmp_path):
-    error = start_error(tmp_path, "model=qwen2_5_7b", env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    error = start_error(tmp_path, "model=qwen2_5_7b", "deepspeed.precision=bf16",
+                        env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
     assert "model.hub_id 'Qwen/Qwen2.5-7B' is not available locally" in error
     assert "HF_HUB_OFFLINE is set" in error and "model.source=local model.path=<folder>" in error
 

@@ -19,6 +19,9 @@ CONF = Path(CONF_DIR)
 REQUIRED_INPUT = {
     ("data", "file"): (["data.path=train.jsonl"], "data.path"),
     ("data", "hub"): (["data.hub_id=org/dataset"], "data.hub_id"),
+    # bf16 weights train only in DeepSpeed's bf16 mode (fp32 master weights); the default precision is fp32
+    **{("model", name): (["deepspeed.precision=bf16"], "deepspeed.precision")
+       for name in ("qwen2_5_7b", "qwen2_5_32b", "qwen2_5_math_1_5b", "qwen2_5_math_7b")},
 }
 
 
@@ -66,7 +69,8 @@ EXPECTED = {
     ("eval", "aime25"): {"n": 32, "data.loader": "aime25"},
     ("eval", "amc23"): {"n": 32, "data.loader": "amc23"},
     ("rollout", "hf"): {"engine": "hf", "group_size": 4, "share_prefill": True},
-    ("rollout", "vllm"): {"engine": "vllm", "group_size": 4, "vllm.dtype": "auto", "vllm.kv_cache_gib": 1.0},
+    ("rollout", "vllm"): {"engine": "vllm", "group_size": 4, "vllm.dtype": "auto", "vllm.kv_cache_gib": None,
+                           "vllm.sleep_level": 2},
     ("trainer", "default"): {"mini_batches": 1, "resume": "auto"},
     ("reward", "default"): {"fn": None, "format_weight": 0.0},
     ("logger", "wandb"): {"mode": "auto", "project": "tokenpo"},
@@ -122,7 +126,8 @@ def test_option_composes_and_validates(group, option):
     file_values.pop("defaults", None)  # a delta's base: its values are checked as that option
     for override in extra:
         key, value = override.split("=", 1)
-        file_values[key.split(".", 1)[1]] = value
+        if key.startswith(f"{group}."):
+            file_values[key.split(".", 1)[1]] = value
     assert_holds(file_values, typed, group)
     for key, value in EXPECTED.get((group, option), {}).items():
         assert lookup(getattr(cfg, group), key) == value, f"{group}={option}: {key}"

@@ -8,7 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tokenpo.algorithms.config import AlgorithmConfig, algorithm_config_from_dict
 from tokenpo.data.config import DataConfig, data_config_from_dict, data_keys_under
-from tokenpo.deepspeed.config import DeepSpeedConfig
+from tokenpo.deepspeed.config import DeepSpeedConfig, check_precision
 from tokenpo.errors import ConfigError
 from tokenpo.evaluation.config import EvalConfig, data_keys
 from tokenpo.logger.config import LoggerConfig
@@ -83,6 +83,7 @@ def build_config(tree: DictConfig | dict) -> TrainConfig:
         trainer=validated(from_dict(TrainerConfig, plain["trainer"], "trainer")),
     )
     require_sampler_logprobs(config.algorithm.loss.tis_cap, config.rollout)
+    check_precision(config.model.dtype, config.deepspeed.precision)
     return config
 
 

@@ -134,6 +134,7 @@ def test_two_ranks_match_one_process(stage, micro, ranks_out, plain, initial_wei
     assert report["sample"] == want_sample
     sharded = stage.startswith("zero3")
     assert (report["policy_sharded"], report["reference_sharded"]) == (sharded, sharded)
+    assert report["loaded_sharded"] == sharded  # ZeRO-3 loads the model partitioned, before its engine
     assert report["backward_allreduce"]  # two ranks always reduce their gradients
 
 

@@ -19,7 +19,7 @@ from multiproc_util import SMALL, compose_config, train_run
 
 from tokenpo.data import Example
 from tokenpo.deepspeed import dist
-from tokenpo.deepspeed.engine import build_policy_engine, build_reference
+from tokenpo.deepspeed.engine import build_policy_engine, build_reference, partitioned_loading
 from tokenpo.deepspeed.export import export_hf
 from tokenpo.models.loading import load_model
 from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG
@@ -79,10 +79,13 @@ def is_sharded(module) -> bool:
 
 def one_update(stage: str, micro: str, out: Path) -> None:
     cfg, _ = compose_config(update_overrides(stage, micro))
-    tokenizer, model = load_model(cfg.model, cfg.seed)
     sizes = dict(micro_batch_size=cfg.trainer.micro_batch_size, max_grad_norm=cfg.trainer.max_grad_norm,
                  world_size=dist.world_size())
-    reference = build_reference(model, cfg.deepspeed, **sizes)
+    partitioned = partitioned_loading(cfg.deepspeed, **sizes)
+    tokenizer, model = load_model(cfg.model, cfg.seed, partitioned)
+    loaded_sharded = is_sharded(model)  # before any engine: ZeRO-3 loads partitioned
+    reference = build_reference(model, cfg.deepspeed, **sizes,
+                                load_initial=lambda: load_model(cfg.model, cfg.seed, partitioned)[1])
     policy = build_policy_engine(model, build_optimizer(model, cfg.trainer), cfg.deepspeed, **sizes)
     ctx = RunContext.create(cfg, out, tokenizer, policy, reference, None, None, dist.device())
     metrics = train_on_rollouts(ctx, fixed_rollouts(len(tokenizer)), Timings())
@@ -91,7 +94,8 @@ def one_update(stage: str, micro: str, out: Path) -> None:
     export_hf(policy, tokenizer, out / name, cfg.deepspeed.stage)
     if dist.is_main():
         report = {"metrics": metrics, "sample": tokens, "policy_sharded": is_sharded(policy.module),
-                  "reference_sharded": is_sharded(reference), "backward_allreduce": policy.enable_backward_allreduce}
+                  "reference_sharded": is_sharded(reference), "loaded_sharded": loaded_sharded,
+                  "backward_allreduce": policy.enable_backward_allreduce}
         (out / f"{name}.json").write_text(json.dumps(report))
 
 

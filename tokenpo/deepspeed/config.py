@@ -34,6 +34,20 @@ class DeepSpeedConfig:
             raise ConfigError(f"deepspeed.backend must be auto, nccl or gloo, got {self.backend!r}")
 
 
+def check_precision(model_dtype: str, precision: str) -> None:
+    """model.dtype x deepspeed.precision: each allowed pair trains with fp32 master weights (at every ZeRO stage, with
+    or without LoRA); the others are refused in one line naming both keys."""
+    if model_dtype == "float16":
+        # fp16 needs a (dynamic) loss scale, which neither precision configures: small gradients underflow to 0
+        raise ConfigError("model.dtype=float16 trains without loss scaling (deepspeed.precision is fp32 or bf16): "
+                          "use model.dtype=bfloat16 with deepspeed.precision=bf16")
+    if model_dtype == "bfloat16" and precision == "fp32":
+        # without DeepSpeed's bf16 mode ZeRO-0 hands the bf16 weights to AdamW itself: an update below bf16's
+        # resolution (lr 1e-6 on a weight of 1) rounds away. One route per dtype, so refused at every stage
+        raise ConfigError("model.dtype=bfloat16 with deepspeed.precision=fp32 updates bf16 weights with no fp32 "
+                          "master copy: set deepspeed.precision=bf16 (fp32 master weights) or model.dtype=float32")
+
+
 def engine_json(cfg: DeepSpeedConfig, *, micro_batch_size: int, world_size: int, max_grad_norm: float) -> dict:
     """DeepSpeed's own config dict. Accumulation is caller-owned: every `engine.step()` is a boundary,
     so a step may hold any number of micro-batches and the loss normaliser stays global."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from tokenpo.deepspeed import dist  # noqa: F401  (names the accelerator before DeepSpeed is imported)
 from tokenpo.deepspeed.config import DeepSpeedConfig, engine_json
@@ -78,12 +80,67 @@ def forward_in_engine(model, fn, *args, **kwargs):
         del module.forward
 
 
-def build_reference(model, ds: DeepSpeedConfig, *, micro_batch_size: int, max_grad_norm: float, world_size: int):
-    """A frozen copy of the initial policy; sharded by its own ZeRO-3 engine when the policy is."""
-    reference = copy.deepcopy(model).eval()
-    reference.requires_grad_(False)
+@dataclass(frozen=True)
+class PartitionedLoading:
+    """How `load_model` builds a model under ZeRO-3: partitioned over the ranks as it loads, so that no rank holds
+    the whole model and then a partition of it (DeepSpeed's `zero.Init`). `config`: the engine's DeepSpeed JSON."""
+
+    config: dict
+
+    @contextlib.contextmanager
+    def pretrained(self):
+        """Within, transformers' `from_pretrained` builds the model inside `deepspeed.zero.Init` and only rank 0 reads
+        the checkpoint's tensors (the others read its shapes), module by module into the partitions: transformers'
+        HfDeepSpeedConfig route, which TRL and accelerate take under ZeRO-3. Scoped to the load: while it is set,
+        transformers' `generate` would also switch to its own ZeRO-3 mode (synced_gpus)."""
+        from transformers.integrations import HfDeepSpeedConfig
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+        # transformers keeps only a weak reference to it
+        hold = HfDeepSpeedConfig(self.config)
+        try:
+            yield
+        finally:
+            del hold
+            unset_hf_deepspeed_config()
+
+    def partition(self, module: torch.nn.Module) -> torch.nn.Module:
+        """`module`, built whole on every rank, partitioned in place in the dtype the engine trains in (the engine
+        casts only models it partitions itself). For the tiny test model, whose seeded weights must not depend on
+        the stage: transformers' ZeRO-3 construction initialises weights in another order."""
+        in_training_dtype(module, self.config["bf16"]["enabled"])
+        deepspeed.zero.Init(module=module, config_dict_or_path=self.config, mem_efficient_linear=False)
+        return module
+
+
+def partitioned_loading(ds: DeepSpeedConfig, *, micro_batch_size: int, max_grad_norm: float,
+                        world_size: int) -> PartitionedLoading | None:
+    """Under ZeRO-3 how to load models partitioned; None at stages 0-2, which load whole models."""
     if ds.stage != 3:
-        return reference
+        return None
+    return PartitionedLoading(engine_json(ds, micro_batch_size=micro_batch_size, world_size=world_size,
+                                          max_grad_norm=max_grad_norm))
+
+
+def in_training_dtype(module: torch.nn.Module, bf16: bool) -> torch.nn.Module:
+    """`module` with its parameters cast as DeepSpeed casts the policy's when it builds the engine: to bf16 under
+    deepspeed.precision=bf16, buffers left alone (RoPE's inv_freq stays fp32)."""
+    if bf16:
+        for param in module.parameters():
+            param.data = param.data.to(torch.bfloat16)
+    return module
+
+
+def build_reference(model, ds: DeepSpeedConfig, *, load_initial: Callable[[], torch.nn.Module], micro_batch_size: int,
+                    max_grad_norm: float, world_size: int):
+    """A frozen copy of the initial policy in the policy's training dtype (an fp32 reference beside a bf16 policy
+    would make kl/ref nonzero at step 0); under ZeRO-3 loaded again, partitioned (`load_initial`: a copy of a
+    partitioned model holds no weights), and run by its own engine."""
+    if ds.stage != 3:
+        reference = in_training_dtype(copy.deepcopy(model), ds.precision == "bf16")
+        return reference.eval().requires_grad_(False)
+    # as TRL's GRPOTrainer does under ZeRO-3: the reference is a second from_pretrained, not a copy of the policy
+    reference = load_initial().eval().requires_grad_(False)
     config = engine_json(ds, micro_batch_size=micro_batch_size, world_size=world_size, max_grad_norm=max_grad_norm)
     config["zero_optimization"].pop("offload_optimizer", None)
     engine, *_ = deepspeed.initialize(model=reference, config=config)

@@ -6,12 +6,14 @@ about half a second instead of ~25 s of GGUF dequantisation.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -20,6 +22,9 @@ from tokenpo.models.config import ModelConfig
 from tokenpo.models.locate import locate_weights, tokenizer_model_config
 from tokenpo.models.tiny_tokenizer import build_tiny_tokenizer
 from tokenpo.models.lora import wrap_lora
+
+if TYPE_CHECKING:  # importing DeepSpeed is slow; only ZeRO-3 runs, which import it anyway, pass one
+    from tokenpo.deepspeed.engine import PartitionedLoading
 
 log = logging.getLogger(__name__)
 
@@ -96,22 +101,26 @@ def build_tiny_model(cfg: ModelConfig, vocab_size: int, seed: int) -> LlamaForCa
         return LlamaForCausalLM(config)
 
 
-def load_model(cfg: ModelConfig, seed: int = 0):
+def load_model(cfg: ModelConfig, seed: int = 0, partitioned: PartitionedLoading | None = None):
     """Return (tokenizer, model) in train mode, dtype from config, on CPU (the engine moves it); with model.lora.rank
-    >= 1 the model is wrapped in LoRA adapters (tokenpo.models.lora)."""
+    >= 1 the model is wrapped in LoRA adapters (tokenpo.models.lora). With `partitioned` (ZeRO-3) each rank holds
+    only its partition of the weights once loaded, and the whole model never on ranks other than 0."""
     dtype = getattr(torch, cfg.dtype)
     if cfg.source == "tiny":
         tokenizer = tiny_tokenizer(cfg)
         model = build_tiny_model(cfg, len(tokenizer), seed).to(dtype)
+        if partitioned is not None:
+            model = partitioned.partition(model)
     else:
         source = resolve_pretrained_dir(cfg)
         tokenizer = load_tokenizer(cfg, source)
-        model = AutoModelForCausalLM.from_pretrained(
-            source,
-            dtype=dtype,
-            attn_implementation=cfg.attn_implementation,
-            trust_remote_code=cfg.trust_remote_code,
-        )
+        with contextlib.nullcontext() if partitioned is None else partitioned.pretrained():
+            model = AutoModelForCausalLM.from_pretrained(
+                source,
+                dtype=dtype,
+                attn_implementation=cfg.attn_implementation,
+                trust_remote_code=cfg.trust_remote_code,
+            )
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(model)
     model.generation_config.pad_token_id = tokenizer.pad_token_id

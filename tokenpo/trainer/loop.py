@@ -15,7 +15,7 @@ from tokenpo import algorithms as alg
 from tokenpo.config import TrainConfig, benchmark_reward
 from tokenpo.data import DataConfig, Example, PromptSampler, describe_template, load_splits
 from tokenpo.deepspeed import dist
-from tokenpo.deepspeed.engine import build_policy_engine, build_reference
+from tokenpo.deepspeed.engine import build_policy_engine, build_reference, partitioned_loading
 from tokenpo.deepspeed.export import export_hf
 from tokenpo.evaluation.benchmark import load_benchmark
 from tokenpo.evaluation.config import EvalConfig
@@ -108,14 +108,16 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
     dist.init_distributed(cfg.deepspeed.backend, cfg.trainer.dist_timeout_s)
     cfg.validate_batch(dist.world_size())
     torch.manual_seed(cfg.seed)
-    tokenizer, model = load_model(cfg.model, cfg.seed)
-    device = dist.device()
-    reference = None
     sizes = dict(micro_batch_size=cfg.trainer.micro_batch_size, max_grad_norm=cfg.trainer.max_grad_norm,
                  world_size=dist.world_size())
+    partitioned = partitioned_loading(cfg.deepspeed, **sizes)
+    tokenizer, model = load_model(cfg.model, cfg.seed, partitioned)
+    device = dist.device()
+    reference = None
     # a LoRA policy is its own reference, with its adapters off (RunContext.reference_model): no second copy
     if alg.needs_reference(cfg.algorithm) and not cfg.model.lora.enabled:
-        reference = build_reference(model, cfg.deepspeed, **sizes)
+        reference = build_reference(model, cfg.deepspeed, **sizes,
+                                    load_initial=lambda: load_model(cfg.model, cfg.seed, partitioned)[1])
         reference.to(device)
     optimizer = build_optimizer(model, cfg.trainer)
     policy = build_policy_engine(model, optimizer, cfg.deepspeed, **sizes)
