@@ -5,8 +5,9 @@
 Writes a file of --gb GiB of random bytes, reads it once to have it in the page cache (a checkpoint just
 written is there too), then times, --repeats times each: a plain read (the floor any checksum pays), sha256,
 blake2b, zlib.crc32 and, where installed, xxhash's xxh3_64, each over the same 16 MiB reads into one reused
-buffer as tokenpo.trainer.checkpoint_layout. Prints one line per candidate: median MB/s (10^6 bytes), min-max, n.
-One thread: a rank hashes its files next to the other ranks' processes, each on its own core.
+buffer as tokenpo.trainer.checkpoint_layout. Prints one line per candidate: median MB/s (10^6 bytes) of the wall clock and of
+the process's CPU time (user + system, which other jobs on a shared machine inflate less), min-max, n.
+One thread: a rank checksums its files next to the other ranks' processes, each on its own core.
 """
 
 from __future__ import annotations
@@ -17,25 +18,11 @@ import os
 import statistics
 import tempfile
 import time
-import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-CHUNK = 1 << 24
-
-
-class Crc32:
-    """zlib.crc32 behind hashlib's update/hexdigest."""
-
-    def __init__(self):
-        self.value = 0
-
-    def update(self, chunk: bytes) -> None:
-        self.value = zlib.crc32(chunk, self.value)
-
-    def hexdigest(self) -> str:
-        return f"{self.value:08x}"
-
+from tokenpo.trainer.checkpoint_layout import CHUNK, Crc32
 
 class NoHash:
     """Reading alone: what every candidate pays before it hashes."""
@@ -58,14 +45,25 @@ def candidates() -> dict[str, Callable]:
     return found
 
 
-def seconds_to_hash(path: Path, make: Callable) -> float:
+@dataclass(frozen=True)
+class Timing:
+    wall_s: float
+    cpu_s: float
+
+
+def time_to_hash(path: Path, make: Callable) -> Timing:
     digest, buffer = make(), memoryview(bytearray(CHUNK))
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     with path.open("rb", buffering=0) as f:
         while size := f.readinto(buffer):
             digest.update(buffer[:size])
     digest.hexdigest()
-    return time.perf_counter() - start
+    return Timing(time.perf_counter() - wall, time.process_time() - cpu)
+
+
+def rates(size: int, seconds: list[float]) -> str:
+    mb_s = [size / s / 1e6 for s in seconds]
+    return f"{statistics.median(mb_s):6.0f} MB/s (min {min(mb_s):.0f}, max {max(mb_s):.0f})"
 
 
 def main() -> None:
@@ -80,11 +78,13 @@ def main() -> None:
         with path.open("wb") as f:
             for _ in range(0, size, CHUNK):
                 f.write(os.urandom(min(CHUNK, size - f.tell())))
-        seconds_to_hash(path, NoHash)  # into the page cache
-        print(f"{size / 1e9:.2f} GB file in {args.dir}, page-cached, 16 MiB reads, one thread, n={args.repeats}")
+        time_to_hash(path, NoHash)  # into the page cache
+        print(f"{size / 1e9:.2f} GB file in {args.dir}, page-cached, 16 MiB reads, one thread, n={args.repeats}, "
+              f"median (min, max)")
         for name, make in candidates().items():
-            rates = [size / seconds_to_hash(path, make) / 1e6 for _ in range(args.repeats)]
-            print(f"{name:18s} {statistics.median(rates):8.0f} MB/s  (min {min(rates):.0f}, max {max(rates):.0f})")
+            timings = [time_to_hash(path, make) for _ in range(args.repeats)]
+            print(f"{name:18s} wall {rates(size, [t.wall_s for t in timings])}   "
+                  f"cpu {rates(size, [t.cpu_s for t in timings])}")
 
 
 if __name__ == "__main__":
