@@ -102,10 +102,21 @@ def test_hf_kv_cache_holds_every_row_at_prompt_plus_response_length():
     assert part.bytes == 2 * 3 * 32 * 6 * 30 * 2 + 6 * 1000 * 16
 
 
-def test_vllm_takes_its_share_of_the_device_or_its_kv_cache_gib():
-    assert P.vllm_rollout(PSI, 2, None, 0.5, 80 * 2**30, sleep_mode=True).bytes == 40 * 2**30
-    assert P.vllm_rollout(PSI, 2, 1.0, 0.5, None, sleep_mode=False).bytes == PSI * 2 + 2**30
-    assert P.vllm_rollout(PSI, 2, 1.0, 0.5, None, sleep_mode=True).phase == P.GENERATION
+def test_vllm_takes_its_kv_cache_size_or_its_budget_and_never_less_than_one_sequence():
+    weights, one_sequence = PSI * 2, 2**20
+    assert P.vllm_rollout(weights, 2**30, None, one_sequence, asleep=False).bytes == weights + 2**30
+    assert P.vllm_rollout(weights, None, 40 * 2**30, one_sequence, asleep=True).bytes == 40 * 2**30
+    # a budget below its weights + one sequence's KV cache: the plan counts what vLLM needs to start
+    assert P.vllm_rollout(weights, None, 2**10, one_sequence, asleep=True).bytes == weights + one_sequence
+    assert P.vllm_rollout(weights, None, None, one_sequence, asleep=True).bytes == weights + one_sequence
+    assert P.vllm_rollout(weights, 2**30, None, one_sequence, asleep=True).phase == P.GENERATION
+    assert P.vllm_rollout(weights, 2**30, None, one_sequence, asleep=False).phase == P.ALWAYS
+
+
+def test_vllms_budget_is_what_the_other_parts_leave_at_its_phase():
+    others = [P.Part("a", 10, P.ALWAYS), P.Part("g", 5, P.GENERATION), P.Part("u", 30, P.UPDATE)]
+    assert P.vllm_budget(others, 100, asleep=True) == 100 - 10 - 5  # the update's memory is free while it generates
+    assert P.vllm_budget(others, 100, asleep=False) == 100 - 10 - 30  # held beside the update
 
 
 def test_zero3_gather_is_bounded_by_max_live_parameters_and_the_other_ranks_shares():

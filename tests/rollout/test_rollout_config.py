@@ -40,7 +40,10 @@ def test_vllm_yaml_keeps_the_hf_sampling_keys_and_adds_its_own():
     assert vllm.engine == "vllm"
     assert (vllm.group_size, vllm.max_new_tokens, vllm.temperature, vllm.top_p) == \
         (hf.group_size, hf.max_new_tokens, hf.temperature, hf.top_p)
-    assert (vllm.vllm.dtype, vllm.vllm.kv_cache_gib, vllm.vllm.sleep_mode) == ("auto", 1.0, True)
+    v = vllm.vllm
+    # the sizing keys resolve per device (tokenpo.rollout.config.vllm_sizing, tests/rollout/test_vllm_sizing.py)
+    assert (v.dtype, v.gpu_memory_utilization, v.kv_cache_gib, v.enforce_eager) == ("auto", None, None, None)
+    assert (v.sleep_mode, v.sleep_level) == (True, 2)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="this Python has vllm")

@@ -111,3 +111,10 @@ def test_sleep_level_is_checked_at_start_up():
 
     with pytest.raises(ConfigError, match="rollout.vllm.sleep_level must be 1 or 2, got 3"):
         dataclasses.replace(VLLMConfig(), sleep_level=3).validate()
+
+
+def test_on_a_gpu_the_engine_captures_cuda_graphs_and_leaves_the_kv_cache_to_its_share(fake_vllm):
+    engine("rollout.vllm.gpu_memory_utilization=0.55")
+    built = fake_vllm[0][1]
+    assert (built["gpu_memory_utilization"], built["kv_cache_memory_bytes"], built["enforce_eager"]) == \
+        (0.55, None, False)

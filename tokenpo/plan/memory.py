@@ -15,6 +15,7 @@ from tokenpo.errors import ConfigError
 from tokenpo.plan import parts as P
 from tokenpo.plan.architecture import Architecture, model_architecture, num_parameters
 from tokenpo.plan.units import format_bytes, parse_bytes
+from tokenpo.rollout.config import DEFAULT_MEMORY_SHARE, RolloutConfig, VLLMConfig, vllm_sizing
 
 log = logging.getLogger("tokenpo")
 
@@ -145,12 +146,8 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
         P.reference_weights(params, model_elem, ds.stage, world, alg.needs_reference(cfg.algorithm), lora),
     ]
     rollout = cfg.rollout
-    if rollout.engine == "vllm":
-        v = rollout.vllm
-        vllm_elem = model_elem if v.dtype == "auto" else P.DTYPE_BYTES[v.dtype]
-        parts.append(P.vllm_rollout(params, vllm_elem, v.kv_cache_gib, v.gpu_memory_utilization, device_memory,
-                                    v.sleep_mode))
-    else:
+    rollout_at = len(parts)  # where the rollout part is listed
+    if rollout.engine == "hf":
         parts.append(P.hf_rollout(arch, shapes.rollout_rows, shapes.prompt_tokens, shapes.new_tokens, elem))
     parts.append(P.activations(arch, shapes.micro_rows, shapes.micro_groups, shapes.prompt_tokens,
                                shapes.new_tokens, elem, cfg.model.gradient_checkpointing))
@@ -158,7 +155,49 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
                                cfg.trainer.recompute_head, alg.needs_entropy_grad(cfg.algorithm)))
     parts += P.zero3_gather(params, elem, ds.stage, world, ds.stage3_prefetch_bucket_size,
                             ds.stage3_max_live_parameters, rollout.engine == "hf")
+    if rollout.engine == "vllm":
+        # after the other parts: unsized, vLLM gets what they leave
+        parts.insert(rollout_at, vllm_part(rollout.vllm, arch, shapes, params, model_elem, parts, device_memory,
+                                           device))
     return MemoryPlan(parts, shapes, params, trainable, source, device_memory)
+
+
+def vllm_part(v: VLLMConfig, arch: Architecture, shapes: Shapes, params: int, model_elem: int, others: list[P.Part],
+              device_memory: int | None, device: str) -> P.Part:
+    """vLLM as the engine sizes it on `device` (tokenpo.rollout.config.vllm_sizing): its KV cache's size when one is
+    set (on CPU 1 GiB when null), else its share of the device, which with gpu_memory_utilization null is what the
+    `others` parts leave."""
+    elem = model_elem if v.dtype == "auto" else P.DTYPE_BYTES[v.dtype]
+    asleep = v.sleep_mode and device == "cuda"  # vLLM has no sleep mode on CPU
+    kv_cache = vllm_sizing(v, device).kv_cache_bytes
+    budget = None
+    if kv_cache is None and device_memory is not None:
+        budget = (int(v.gpu_memory_utilization * device_memory) if v.gpu_memory_utilization is not None
+                  else P.vllm_budget(others, device_memory, asleep))
+    one_sequence = P.kv_cache_bytes(arch, 1, shapes.prompt_tokens + shapes.new_tokens, elem)
+    return P.vllm_rollout(params * elem, kv_cache, budget, one_sequence, asleep)
+
+
+def with_vllm_share(cfg: TrainConfig, world: int) -> RolloutConfig:
+    """cfg.rollout, with vLLM's gpu_memory_utilization null filled in on CUDA by the plan's share: the bytes of the
+    plan's vLLM part (what the other parts leave it) as a fraction of the device, vLLM's unit, rounded down.
+    Unchanged for another engine, a share that is set, no CUDA device, or no plan (no config.json)."""
+    rollout = cfg.rollout
+    if rollout.engine != "vllm" or rollout.vllm.gpu_memory_utilization is not None:
+        return rollout
+    total = cuda_memory()
+    if total is None:
+        return rollout
+    try:
+        plan = build_plan(cfg, world, memory_limit(cfg), suggest=False, device="cuda")
+    except ConfigError as err:
+        log.warning("vLLM's memory share: not planned (%s); gpu_memory_utilization %s", err, DEFAULT_MEMORY_SHARE)
+        return rollout
+    budget = next(part.bytes for part in plan.parts if part.name == "rollout (vllm)")
+    share = min(1.0, math.floor(1000 * budget / total) / 1000)
+    log.info("vLLM's memory share: gpu_memory_utilization %s (%s of %s: what the plan's other parts leave)", share,
+             format_bytes(budget), format_bytes(total))
+    return dataclasses.replace(rollout, vllm=dataclasses.replace(rollout.vllm, gpu_memory_utilization=share))
 
 
 def with_values(cfg: TrainConfig, **changes) -> TrainConfig:
@@ -209,8 +248,8 @@ def rollout_memory(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
     if r.engine == "hf":
         vllm = dataclasses.replace(r, engine="vllm", vllm=dataclasses.replace(r.vllm, kv_cache_gib=None))
         return [("rollout=vllm rollout.vllm.kv_cache_gib=null", dataclasses.replace(cfg, rollout=vllm))]
-    if r.vllm.kv_cache_gib is not None:
-        return []
+    if r.vllm.kv_cache_gib is not None or r.vllm.gpu_memory_utilization is None:
+        return []  # a KV cache of set size, or vLLM taking only what the other parts leave
     shares = [round(r.vllm.gpu_memory_utilization - 0.05 * k, 2) for k in range(1, 20)]
     return [(f"rollout.vllm.gpu_memory_utilization={u}", dataclasses.replace(
         cfg, rollout=dataclasses.replace(r, vllm=dataclasses.replace(r.vllm, gpu_memory_utilization=u))))

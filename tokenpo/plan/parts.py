@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from tokenpo.plan.architecture import Architecture
+from tokenpo.plan.units import format_bytes
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 FP32 = 4
@@ -101,20 +102,28 @@ def hf_rollout(arch: Architecture, rows: int, prompt_tokens: int, new_tokens: in
                 f"KV cache of {rows} sequences x ({prompt_tokens} + {new_tokens}) tokens + sampling buffers")
 
 
-def vllm_rollout(params: int, elem: int, kv_cache_gib: float | None, utilization: float,
-                 device_memory: int | None, sleep_mode: bool) -> Part:
-    """vLLM's own copy of the weights and its KV cache: kv_cache_gib when set, else its share of the device."""
-    phase = GENERATION if sleep_mode else ALWAYS
-    weights = params * elem
-    if kv_cache_gib is not None:
-        return Part("rollout (vllm)", weights + int(kv_cache_gib * 2**30), phase,
-                    f"weights + {kv_cache_gib} GiB KV cache")
-    if device_memory is None:
-        return Part("rollout (vllm)", weights, phase, "weights only: its gpu_memory_utilization share of an "
-                                                      "unknown device (pass --device-memory)")
-    share = int(utilization * device_memory)
-    return Part("rollout (vllm)", max(weights, share), phase,
-                f"gpu_memory_utilization {utilization} of the device (weights + KV cache)")
+def vllm_rollout(weights: int, kv_cache: int | None, budget: int | None, min_kv_cache: int, asleep: bool) -> Part:
+    """vLLM's own copy of the weights and its KV cache: weights + kv_cache when its size is set, else the budget vLLM
+    sizes its KV cache in (gpu_memory_utilization x the device, or what the plan's other parts leave it), at least
+    its weights and one sequence's KV cache (vLLM will not start with less). Asleep during the update where vLLM
+    has a sleep mode (on CUDA): then it shares the generation phase's memory only."""
+    phase = GENERATION if asleep else ALWAYS
+    if kv_cache is not None:
+        return Part("rollout (vllm)", weights + kv_cache, phase, f"weights + {format_bytes(kv_cache)} KV cache")
+    if budget is None:
+        return Part("rollout (vllm)", weights + min_kv_cache, phase, "weights + one sequence's KV cache: its share of "
+                                                                     "an unknown device (pass --device-memory)")
+    return Part("rollout (vllm)", max(budget, weights + min_kv_cache), phase,
+                "weights + KV cache in its share of the device (gpu_memory_utilization, or what the other parts leave)")
+
+
+def vllm_budget(parts: list[Part], device_memory: int, asleep: bool) -> int:
+    """What the other parts leave vLLM of `device_memory`: at the generation phase when it sleeps during the update,
+    beside the larger phase when it does not."""
+    always = sum(part.bytes for part in parts if part.phase == ALWAYS)
+    generation = sum(part.bytes for part in parts if part.phase == GENERATION)
+    update = sum(part.bytes for part in parts if part.phase == UPDATE)
+    return device_memory - always - (generation if asleep else max(generation, update))
 
 
 def layer_activation_bytes(arch: Architecture, elem: int) -> int:

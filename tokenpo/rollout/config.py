@@ -10,6 +10,10 @@ from tokenpo.schema import from_dict
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # vLLM's sleep levels that free the KV cache: 1 offloads the weights to host memory, 2 discards them
 SLEEP_LEVELS = (1, 2)
+# what the device-dependent nulls take on CPU (vLLM's CPU backend: a KV cache of fixed size in RAM, no CUDA graphs),
+# and vLLM's share of the memory wherever no plan sized it (TRL's colocate default, vllm_gpu_memory_utilization)
+CPU_KV_CACHE_GIB = 1.0
+DEFAULT_MEMORY_SHARE = 0.3
 
 
 @dataclass
@@ -18,9 +22,9 @@ class VLLMConfig:
 
     dtype: str = "auto"
     tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.3
-    kv_cache_gib: float | None = 1.0
-    enforce_eager: bool = True
+    gpu_memory_utilization: float | None = None
+    kv_cache_gib: float | None = None
+    enforce_eager: bool | None = None
     max_model_len: int | None = None
     seed: int = 0
     sleep_mode: bool = True
@@ -34,7 +38,7 @@ class VLLMConfig:
         if self.tensor_parallel_size != 1:
             raise ConfigError(f"rollout.vllm.tensor_parallel_size must be 1 (one colocated engine per trainer "
                               f"process; tensor parallelism is not supported yet), got {self.tensor_parallel_size}")
-        if not 0 < self.gpu_memory_utilization <= 1:
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"rollout.vllm.gpu_memory_utilization must be in (0, 1], "
                               f"got {self.gpu_memory_utilization}")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
@@ -43,6 +47,29 @@ class VLLMConfig:
             raise ConfigError(f"rollout.vllm.sleep_level must be 1 or 2, got {self.sleep_level}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"rollout.vllm.max_model_len must be null or >= 1, got {self.max_model_len}")
+
+
+@dataclass(frozen=True)
+class VLLMSizing:
+    """vLLM's memory settings on one device, every null of VLLMConfig resolved."""
+
+    gpu_memory_utilization: float
+    kv_cache_bytes: int | None  # None: vLLM sizes its KV cache from gpu_memory_utilization
+    enforce_eager: bool
+
+
+def vllm_sizing(v: VLLMConfig, device: str) -> VLLMSizing:
+    """The nulls for `device` (cuda | cpu). On CUDA: CUDA graphs on (vLLM's own default, and verl's and TRL's), and
+    the KV cache whatever vLLM's share of the device leaves after its weights and its own activations and graphs
+    (vLLM profiles them at start-up); the share is the memory plan's (tokenpo.plan.memory.with_vllm_share fills it
+    in before the engine is built), else DEFAULT_MEMORY_SHARE. On CPU: eager, a KV cache of CPU_KV_CACHE_GIB."""
+    cuda = device == "cuda"
+    kv_cache_gib = v.kv_cache_gib if v.kv_cache_gib is not None or cuda else CPU_KV_CACHE_GIB
+    return VLLMSizing(
+        gpu_memory_utilization=v.gpu_memory_utilization or DEFAULT_MEMORY_SHARE,
+        kv_cache_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30),
+        enforce_eager=not cuda if v.enforce_eager is None else v.enforce_eager,
+    )
 
 
 @dataclass

@@ -23,6 +23,7 @@ import tempfile
 import torch
 
 from tokenpo.deepspeed import dist
+from tokenpo.rollout.config import vllm_sizing
 from tokenpo.rollout.engine import ENGINES, Responses, SamplingParams
 from tokenpo.rollout.weight_stream import peft_base, policy_weights
 
@@ -52,6 +53,7 @@ class VLLMEngine:
         from vllm.platforms import current_platform
 
         v = cfg.vllm
+        sizing = vllm_sizing(v, "cpu" if current_platform.is_cpu() else "cuda")
         module = getattr(policy, "module", policy)
         self.zero3 = deepspeed is not None and deepspeed.stage == 3
         self.in_place_reload = current_platform.is_cpu()
@@ -67,9 +69,9 @@ class VLLMEngine:
             dtype=dtype,
             seed=v.seed,
             tensor_parallel_size=v.tensor_parallel_size,
-            gpu_memory_utilization=v.gpu_memory_utilization,
-            kv_cache_memory_bytes=int(v.kv_cache_gib * 2**30) if v.kv_cache_gib else None,
-            enforce_eager=v.enforce_eager,
+            gpu_memory_utilization=sizing.gpu_memory_utilization,
+            kv_cache_memory_bytes=sizing.kv_cache_bytes,
+            enforce_eager=sizing.enforce_eager,
             max_model_len=v.max_model_len,
             enable_sleep_mode=self.sleep_mode,
             # sampling as the rollout config says, not as the model folder's generation_config.json would

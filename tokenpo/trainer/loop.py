@@ -23,6 +23,7 @@ from tokenpo.evaluation.run import evaluate, sample_lines
 from tokenpo.logger.run_logger import SAMPLES_FILE, RunLogger, samples_due
 from tokenpo.logger.samples import eval_rows, rollout_rows
 from tokenpo.models.loading import load_model
+from tokenpo.plan.memory import with_vllm_share
 from tokenpo.rewards import RewardScorer
 from tokenpo.rollout.engine import build_engine
 from tokenpo.trainer import checkpoint
@@ -128,7 +129,8 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
     sampler = PromptSampler(train_examples, cfg.data.prompts_per_step, cfg.seed)
     stop = StopRequest()
     with RewardScorer(cfg.reward_for(cfg.data)) as scorer, \
-            contextlib.closing(build_engine(cfg.rollout, policy, tokenizer, cfg.deepspeed)) as rollout_engine:
+            contextlib.closing(build_engine(with_vllm_share(cfg, dist.world_size()), policy, tokenizer,
+                                            cfg.deepspeed)) as rollout_engine:
         ctx = RunContext.create(cfg, run_dir, tokenizer, policy, reference, scorer, sampler, device,
                                 rollout_engine=rollout_engine)
         start_step, wandb_id, history = 0, None, {}
