@@ -190,16 +190,21 @@ def test_sigusr1_to_a_local_job_is_forwarded_to_every_worker(tmp_path, own_signa
     while not all(path.exists() for path in ready):
         assert time.monotonic() < deadline, "workers did not start"
         time.sleep(0.05)
-    before = signal.getsignal(signal.SIGUSR1)
+    before, supervised = signal.getsignal(signal.SIGUSR1), threading.Event()
 
     def signal_job_once_supervised():
-        while signal.getsignal(signal.SIGUSR1) == before:
+        while signal.getsignal(signal.SIGUSR1) == before and not supervised.is_set():
             time.sleep(0.01)
-        os.kill(os.getpid(), signal.SIGUSR1)
+        if not supervised.is_set():
+            os.kill(os.getpid(), signal.SIGUSR1)
 
     threading.Thread(target=signal_job_once_supervised, daemon=True).start()
     start = time.monotonic()
-    assert launch.supervise(workers, grace_s=5) == (0, signal.SIGUSR1)
+    try:
+        result = launch.supervise(workers, grace_s=5)
+    finally:
+        supervised.set()
+    assert result == (0, signal.SIGUSR1)
     assert [w.returncode for w in workers] == [0, 0] and time.monotonic() - start < 15
 
 
