@@ -186,10 +186,10 @@ def main() -> None:
     from tokenpo.trainer.launch import adopt_slurm_environment, external_launcher_argv
 
     quiet_library_bars()
-    # before the command line is read: a task of srun with several tasks is one rank of one run
-    adopt_slurm_environment()
-    sys.argv[1:] = external_launcher_argv(sys.argv[1:])
     try:
+        # before the command line is read: a task of srun with several tasks is one rank of one run
+        adopt_slurm_environment()
+        sys.argv[1:] = external_launcher_argv(sys.argv[1:])
         # a DeepSpeed or PEFT release outside the tested range trains wrong or fails late: refused before any work
         check_supported_versions()
         check_command_line(CONF_DIR, "train", sys.argv[1:])

@@ -30,6 +30,16 @@ def test_the_first_host_of_a_compressed_node_list(nodelist, host):
     assert first_host(nodelist) == host
 
 
+def test_a_task_without_a_node_list_is_one_line(tmp_path):
+    # a stand-in without SLURM_NODELIST: the start stops in one line, before Hydra reads the command line
+    env = {k: v for k, v in cli_env(**TASK_6).items() if k != "SLURM_NODELIST"}
+    result = subprocess.run([sys.executable, "-m", "tokenpo.train", "model=tiny"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == ("tokenpo: error: SLURM_NODELIST='' names no host: set "
+                                                      "MASTER_ADDR to the first node's address")
+
+
 def test_tasks_per_node_with_repeats():
     assert [tasks_on_node("4(x2),3", node) for node in range(3)] == [4, 4, 3]
     assert tasks_on_node("2", 0) == 2

@@ -108,7 +108,7 @@ def first_host(nodelist: str) -> str:
     `rack[1-2]-gpu[3-4]` -> rack1-gpu3 (what `scontrol show hostnames` prints first)."""
     first = re.match(r"(?:[^,\[]|\[[^\]]*\])+", nodelist)
     if first is None:
-        raise ConfigError(f"SLURM_NODELIST={nodelist!r} names no host")
+        raise ConfigError(f"SLURM_NODELIST={nodelist!r} names no host: set MASTER_ADDR to the first node's address")
     return re.sub(r"\[([^\],-]+)[^\]]*\]", r"\1", first.group(0))
 
 
@@ -132,7 +132,7 @@ def slurm_ranks(env: Mapping[str, str]) -> Ranks | None:
     return Ranks(rank=int(env["SLURM_PROCID"]), local_rank=int(env.get("SLURM_LOCALID", "0")), world_size=world,
                  local_world_size=tasks_on_node(env.get("SLURM_TASKS_PER_NODE", str(world)),
                                                 int(env.get("SLURM_NODEID", "0"))),
-                 master_addr=env.get("MASTER_ADDR") or first_host(env["SLURM_NODELIST"]),
+                 master_addr=env.get("MASTER_ADDR") or first_host(env.get("SLURM_NODELIST", "")),
                  master_port=int(env.get("MASTER_PORT") or SLURM_PORT_BASE + int(env["SLURM_JOB_ID"][-4:])))
 
 
