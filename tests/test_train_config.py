@@ -164,6 +164,7 @@ BAD = [
     (["deepspeed=zero0", "deepspeed.offload_param=true"], "deepspeed.offload_param"),
     (["logger.mode=loud"], "logger.mode"),
     (["trainer.lr=0"], "trainer.lr"),
+    (["trainer.verify_checkpoints=some"], "trainer.verify_checkpoints must be one of full, sizes, got 'some'"),
     (["reward.timeout_s=0.5"], "reward.timeout_s"),
     (["algorithm.loss.clip_low=-0.1"], "algorithm.loss.clip_low"),
     (["seed=-1"], "seed"),

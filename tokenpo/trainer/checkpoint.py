@@ -83,11 +83,13 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save(engine, root: Path, step: int, client_state: dict, keep_last: int, lora: dict | None = None) -> Path:
+def save(engine, root: Path, step: int, client_state: dict, keep_last: int, lora: dict | None = None,
+         with_checksums: bool = True) -> Path:
     """Write checkpoint `step` on every rank (a collective); keep it and the newest `keep_last` - 1 earlier ones.
 
     `lora`: the run's LoRA settings (LoraConfig.settings()); recorded in tokenpo.json, and the frozen base weights
     are left out (the adapters, their optimizer state and the client state are saved; the base is the model's own).
+    `with_checksums` (trainer.verify_checkpoints=full): the manifest records checksums, not sizes alone.
     """
     final = root / f"step_{step:06d}"
     tmp = root / f"{TMP_PREFIX}step_{step:06d}"
@@ -109,7 +111,7 @@ def save(engine, root: Path, step: int, client_state: dict, keep_last: int, lora
         if lora:
             meta["lora"] = lora
         (tmp / META).write_text(json.dumps(meta))
-    records = file_records(tmp, process_ranks())
+    records = file_records(tmp, process_ranks(), with_checksums)
     if dist.is_main():
         # last: a folder with a manifest holds every file it lists
         (tmp / MANIFEST).write_text(json.dumps(records, indent=1))
@@ -125,12 +127,13 @@ def save(engine, root: Path, step: int, client_state: dict, keep_last: int, lora
     return final
 
 
-def find_resume_dir(resume: str, run_dir: Path, quick: bool = False) -> Path | None:
+def find_resume_dir(resume: str, run_dir: Path, quick: bool = False, with_checksums: bool = True) -> Path | None:
     """`auto`: the newest checkpoint of this run dir that verifies, if any; `none`; or a checkpoint folder / run dir
     path, which must verify. Every rank checksums the files it wrote, all at once; every rank gets rank 0's answer (or
-    its error). `quick` (a start-up check; the run looks again in full): no checksums and no log lines."""
+    its error). `quick` (a start-up check; the run looks again in full): no checksums and no log lines; not
+    `with_checksums` (trainer.verify_checkpoints=sizes): presence and sizes only."""
     try:
-        answer = resume_dir_on_disk(resume, run_dir, quick, process_ranks())
+        answer = resume_dir_on_disk(resume, run_dir, quick, process_ranks(), with_checksums)
     except ConfigError as err:
         answer = err
     answer = dist.broadcast_object(answer)

@@ -65,13 +65,14 @@ NEW_CHECKSUM = "crc32"
 
 @dataclass(frozen=True)
 class FileRecord:
-    """A file's entry in manifest.json: its size, which checksum (a key of CHECKSUMS) and its value."""
+    """A file's entry in manifest.json: its size, which checksum (a key of CHECKSUMS) and its value; None for both
+    when saved with trainer.verify_checkpoints=sizes."""
     size: int
-    checksum: str
-    digest: str
+    checksum: str | None = None
+    digest: str | None = None
 
     def as_json(self) -> dict:
-        return {"bytes": self.size, self.checksum: self.digest}
+        return {"bytes": self.size} | ({self.checksum: self.digest} if self.checksum else {})
 
 
 def alone(obj) -> list:
@@ -150,17 +151,18 @@ def checksums(files: dict[Path, str], what: str, bar: bool) -> dict[Path, str]:
         return dict(zip(files, pool.map(one, files)))
 
 
-def file_records(folder: Path, ranks: Ranks = LONE) -> dict[str, dict]:
+def file_records(folder: Path, ranks: Ranks = LONE, with_checksums: bool = True) -> dict[str, dict]:
     """The manifest of `folder` on rank 0 ({path relative to it: FileRecord.as_json()} for every file in it but the
     manifest; the other ranks get {}). Every rank checksums the files it wrote while the others do theirs, and rank 0
     merges the records: as torch.distributed.checkpoint saves, where each rank describes its own files and the
-    coordinator writes the metadata. Rank 0 lists the folder, so the ranks agree on what is in it."""
+    coordinator writes the metadata. Rank 0 lists the folder, so the ranks agree on what is in it. Without
+    `with_checksums`, sizes only."""
     names = ranks.from_main(sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
                                    if p.is_file() and p.name != MANIFEST) if ranks.is_main else None)
     mine = {folder / name: NEW_CHECKSUM for name in names if owner(name, ranks.size) == ranks.rank}
-    digests = checksums(mine, f"checksums of {folder.name}", bar=ranks.is_main)
-    records = {str(p.relative_to(folder)): FileRecord(p.stat().st_size, NEW_CHECKSUM, digests[p]).as_json()
-               for p in mine}
+    checksum = NEW_CHECKSUM if with_checksums else None
+    digests = checksums(mine, f"checksums of {folder.name}", bar=ranks.is_main) if checksum else dict.fromkeys(mine)
+    records = {str(p.relative_to(folder)): FileRecord(p.stat().st_size, checksum, digests[p]).as_json() for p in mine}
     merged = ranks.gather(records)
     return {name: record for part in merged for name, record in sorted(part.items())} if ranks.is_main else {}
 
@@ -169,24 +171,24 @@ def read_records(manifest: Path) -> dict[str, FileRecord]:
     try:
         records = {}
         for name, record in json.loads(manifest.read_text()).items():
-            [checksum] = [key for key in CHECKSUMS if key in record]
-            records[name] = FileRecord(int(record["bytes"]), checksum, str(record[checksum]))
+            [checksum] = [key for key in CHECKSUMS if key in record] or [None]
+            records[name] = FileRecord(int(record["bytes"]), checksum, checksum and str(record[checksum]))
         return records
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise CheckpointError(f"{manifest}: unreadable ({type(err).__name__}: {err})") from None
 
 
-def verify(path: Path, quick: bool = False, ranks: Ranks = LONE) -> None:
+def verify(path: Path, quick: bool = False, ranks: Ranks = LONE, with_checksums: bool = True) -> None:
     """Raise CheckpointError naming the first file of checkpoint `path` that is missing, truncated or changed since
-    it was saved (`quick`: missing or resized only, no checksums), on every rank of `ranks` (a collective: each
-    checksums the files it wrote, see `owner`). A checkpoint written before manifests existed is accepted with a
-    warning."""
-    problem = ranks.first_problem(problem_seen(path, quick, ranks))
+    it was saved (`quick`, or not `with_checksums`: missing or resized only), on every rank of `ranks` (a
+    collective: each checksums the files it wrote, see `owner`). `quick` also logs nothing. A checkpoint written
+    before manifests existed is accepted with a warning."""
+    problem = ranks.first_problem(problem_seen(path, quick, ranks, with_checksums))
     if problem:
         raise CheckpointError(problem)
 
 
-def problem_seen(path: Path, quick: bool, ranks: Ranks) -> str | None:
+def problem_seen(path: Path, quick: bool, ranks: Ranks, with_checksums: bool) -> str | None:
     """What is wrong with checkpoint `path` as this rank sees it (sizes of every file, checksums of its own); None
     when nothing is. Never raises: the other ranks wait for this answer."""
     manifest = path / MANIFEST
@@ -205,9 +207,10 @@ def problem_seen(path: Path, quick: bool, ranks: Ranks) -> str | None:
                 return f"{file}: missing (listed in {MANIFEST})"
             if file.stat().st_size != record.size:
                 return f"{file}: {file.stat().st_size} bytes, {record.size} when saved (truncated or overwritten)"
-        if quick:
+        if quick or not with_checksums:
             return None
-        mine = {path / name: r.checksum for name, r in records.items() if owner(name, ranks.size) == ranks.rank}
+        mine = {path / name: r.checksum for name, r in records.items()
+                if r.checksum and owner(name, ranks.size) == ranks.rank}
         digests = checksums(mine, f"verifying {path.name}", bar=ranks.is_main)
         for name, record in records.items():
             if path / name in mine and digests[path / name] != record.digest:
@@ -218,14 +221,14 @@ def problem_seen(path: Path, quick: bool, ranks: Ranks) -> str | None:
     except OSError as err:
         return f"{path}: unreadable ({type(err).__name__}: {err})"
 
-def newest_verified(root: Path, quick: bool, ranks: Ranks) -> Path | None:
+def newest_verified(root: Path, quick: bool, ranks: Ranks, with_checksums: bool) -> Path | None:
     """The newest checkpoint under `root` that verifies; one warning line (rank 0's) for those skipped and a lost
     `latest`. The candidates are those rank 0 lists, so every rank verifies the same ones."""
     notes = []
     for name in ranks.from_main([p.name for p in reversed(step_dirs(root))] if ranks.is_main else None):
         path = root / name
         try:
-            verify(path, quick, ranks)
+            verify(path, quick, ranks, with_checksums)
         except CheckpointError as err:
             notes.append(f"skipped {err}")
             continue
@@ -244,7 +247,7 @@ def newest_verified(root: Path, quick: bool, ranks: Ranks) -> Path | None:
     return None
 
 
-def verified_at(path: Path, quick: bool, ranks: Ranks) -> Path:
+def verified_at(path: Path, quick: bool, ranks: Ranks, with_checksums: bool) -> Path:
     """trainer.resume=<path>: a checkpoint folder, or the one `latest` names in a run dir or its checkpoints folder."""
     if not (path / TAG).is_dir() and not (path / MANIFEST).is_file():
         root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
@@ -252,7 +255,7 @@ def verified_at(path: Path, quick: bool, ranks: Ranks) -> Path:
             raise ConfigError(f"trainer.resume={str(path)!r}: no checkpoint there (neither a '{TAG}' folder nor a "
                               f"'{LATEST}' file)")
         path = latest_target(root, str(path))
-    verify(path, quick, ranks)
+    verify(path, quick, ranks, with_checksums)
     return path
 
 
@@ -305,11 +308,13 @@ def read_json(path: Path) -> dict:
         raise CheckpointError(f"{path}: not JSON ({err})") from None
 
 
-def resume_dir_on_disk(resume: str, run_dir: Path, quick: bool = False, ranks: Ranks = LONE) -> Path | None:
+def resume_dir_on_disk(resume: str, run_dir: Path, quick: bool = False, ranks: Ranks = LONE,
+                       with_checksums: bool = True) -> Path | None:
     """The checkpoint trainer.resume names (see tokenpo.trainer.checkpoint.find_resume_dir), looked up by `ranks`
-    together (a collective when several; each checksums its own files); `quick`: no checksums and no log lines."""
+    together (a collective when several; each checksums its own files); `quick`: no checksums and no log lines;
+    not `with_checksums` (trainer.verify_checkpoints=sizes): no checksums."""
     if resume == "none":
         return None
     if resume == "auto":
-        return newest_verified(run_dir / "checkpoints", quick, ranks)
-    return verified_at(Path(resume), quick, ranks)
+        return newest_verified(run_dir / "checkpoints", quick, ranks, with_checksums)
+    return verified_at(Path(resume), quick, ranks, with_checksums)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from tokenpo.errors import ConfigError
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
+VERIFY_CHECKPOINTS = ("full", "sizes")
 
 
 @dataclass
@@ -25,6 +26,7 @@ class TrainerConfig:
     save_every: int = 0
     keep_last: int = 2
     resume: str = "auto"
+    verify_checkpoints: str = "full"
     threads: int = 0
     logit_chunk_tokens: int = 1024
     recompute_head: bool = False
@@ -44,6 +46,9 @@ class TrainerConfig:
         for key in ("lr", "dist_timeout_s"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"trainer.{key} must be > 0, got {getattr(self, key)}")
+        if self.verify_checkpoints not in VERIFY_CHECKPOINTS:
+            raise ConfigError(f"trainer.verify_checkpoints must be one of {', '.join(VERIFY_CHECKPOINTS)}, "
+                              f"got {self.verify_checkpoints!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"trainer.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
         if self.memory_limit is not None:

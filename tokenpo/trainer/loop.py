@@ -134,7 +134,8 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
         ctx = RunContext.create(cfg, run_dir, tokenizer, policy, reference, scorer, sampler, device,
                                 rollout_engine=rollout_engine)
         start_step, wandb_id, history = 0, None, {}
-        resume_dir = checkpoint.find_resume_dir(cfg.trainer.resume, run_dir)
+        resume_dir = checkpoint.find_resume_dir(cfg.trainer.resume, run_dir,
+                                                with_checksums=cfg.trainer.verify_checkpoints == "full")
         checkpoint.set_aside_stale(run_dir / "checkpoints", resume_dir)
         if resume_dir is not None:
             state = checkpoint.load(policy, resume_dir, cfg.model.lora.settings())
@@ -211,7 +212,7 @@ def train(cfg: TrainConfig, run_dir: Path, run_name: str, group: str, resolved: 
                 client = {"step": step, "sampler": sampler.state_dict(), "wandb_id": logger.wandb_id,
                           "history": history}
                 checkpoint.save(policy, run_dir / "checkpoints", step, client, cfg.trainer.keep_last,
-                                cfg.model.lora.settings())
+                                cfg.model.lora.settings(), cfg.trainer.verify_checkpoints == "full")
             if interrupted:
                 break
         if step == cfg.trainer.max_steps:
