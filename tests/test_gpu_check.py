@@ -142,6 +142,28 @@ def test_the_parts_timeouts_fit_the_command_budget():
     assert [name for name, _, _ in entry.PLAN] == list(parts.PARTS)
 
 
+def test_each_empty_cache_call_is_recorded_with_its_tokenpo_caller_and_reserved_bytes(tmp_path, monkeypatch):
+    """record_phases.py on a stand-in CUDA: reserved memory 5 GiB before the call, 1 GiB after."""
+    import torch
+
+    record = tmp_path / "phases.jsonl"
+    monkeypatch.setenv("GPU_CHECK_PHASES", str(record))
+    freed = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: freed.append(True))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 1 * 2**30 if freed else 5 * 2**30)
+    spec = importlib.util.spec_from_file_location("record_phases", REPO / "scripts" / "gpu_check" / "record_phases.py")
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    # a function of a tokenpo module that frees the cache between two phases
+    namespace = {"__name__": "tokenpo.trainer.stand_in", "torch": torch}
+    exec("def after_update():\n    torch.cuda.empty_cache()\n", namespace)
+    namespace["after_update"]()
+    (event,) = [json.loads(line) for line in record.read_text().splitlines()]
+    assert freed == [True]
+    assert event["caller"] == "trainer.stand_in.after_update" and event["stack"] == ["trainer.stand_in.after_update"]
+    assert (event["reserved_before"], event["reserved_after"]) == (5 * 2**30, 2**30)
+
+
 @pytest.mark.slow  # 17 s: draws and saves the 152064 x 64 embedding
 def test_the_152k_vocabulary_model_is_qwen2_5s_output_rows_at_the_cpu_sizes(tmp_path):
     from transformers import AutoConfig
@@ -151,3 +173,17 @@ def test_the_152k_vocabulary_model_is_qwen2_5s_output_rows_at_the_cpu_sizes(tmp_
     assert (config.vocab_size, config.num_hidden_layers, config.hidden_size) == (152064, 2, 64)
     assert len(config.layer_types) == 2 and (folder / "tokenizer.json").is_file()
     assert parts.vocab152k(tmp_path, parts.CPU) == folder  # drawn once, then reused
+
+
+@pytest.mark.slow  # about a minute on 2 cores: 5 tokenpo runs of the tiny model
+def test_the_cpu_rehearsal_runs_the_device_and_dtype_parts(tmp_path):
+    done = subprocess.run([sys.executable, REPO / "scripts" / "gpu_check.py", "--device", "cpu", "--out",
+                           tmp_path / "out", "--work", tmp_path / "work", "--only", "device", "dtypes"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = table_rows((tmp_path / "out" / "gpu_check.md").read_text())
+    assert [(cells[0], cells[2]) for cells in rows] == [("device", "ok"), ("dtypes", "ok")]
+    dtypes = json.loads((tmp_path / "out" / "dtypes.json").read_text())["findings"]
+    assert dtypes["figures"]["outcomes"]["bfloat16+bf16"] == "trains"
+    assert dtypes["runs"][0]["steps"][0]["kl/ref"] == 0.0
+    assert (tmp_path / "out" / "device_tiny.log").stat().st_size > 0

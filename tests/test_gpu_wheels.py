@@ -71,7 +71,9 @@ def venv(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("gpu_wheels")
     wheels = root / "wheels"
     python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    run(["bash", REPO / "scripts" / "gpu_wheels.sh", wheels], REPO, dict(os.environ, GPU_PYTHON=python_version))
+    # PY: this environment's Python, which holds tokenpo's dependencies (scripts/setup.sh is not run from a test)
+    run(["bash", REPO / "scripts" / "gpu_wheels.sh", wheels], REPO,
+        dict(os.environ, GPU_PYTHON=python_version, PY=sys.executable))
     site = image_site(root)
     assert not [name for name in BEYOND if (site / name).exists()], "the image stand-in holds what the folder brings"
     run([sys.executable, "-m", "venv", "--without-pip", root / "venv"], root)

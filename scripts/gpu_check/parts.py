@@ -224,7 +224,7 @@ def device(sizes: Sizes, out: Path, work: Path) -> Findings:
         props = torch.cuda.get_device_properties(0)
         figures |= {"name": props.name, "memory_gib": round(props.total_memory / GIB, 1),
                     "capability": f"{props.major}.{props.minor}", "cuda": torch.version.cuda,
-                    "nccl": ".".join(map(str, torch.cuda.nccl.version())), "bf16": torch.cuda.is_bf16_supported()}
+                    "nccl": str(torch.cuda.nccl.version()), "bf16": torch.cuda.is_bf16_supported()}
     backend = "nccl" if sizes.device == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     values = torch.arange(4.0, device=sizes.device)
@@ -406,6 +406,7 @@ def logprobs(sizes: Sizes, out: Path, work: Path) -> Findings:
 def peak_vs_plan(sizes: Sizes, out: Path, work: Path) -> Findings:
     """Each earlier part's training runs: CUDA peak reserved against tokenpo.plan's tensors (its total less the
     runtime part) at the prompt length the worst-case pass met."""
+    from tokenpo.errors import ConfigError
     from tokenpo.plan import build_plan
     from tokenpo.plan.cli import compose_train_config
 
@@ -414,14 +415,18 @@ def peak_vs_plan(sizes: Sizes, out: Path, work: Path) -> Findings:
         for run in json.loads(result.read_text()).get("runs", []):
             if run["returncode"] != 0 or not run["steps"]:
                 continue
-            plan = build_plan(compose_train_config(run["overrides"]), 1, None, run["prompt_tokens"],
-                              device=sizes.device)
+            try:
+                plan = build_plan(compose_train_config(run["overrides"]), 1, None, run["prompt_tokens"],
+                                  device=sizes.device)
+            except ConfigError as err:  # one run's plan failing leaves the others' comparisons standing
+                lines.append(f"{run['label']} no plan: {err}"[:200])
+                continue
             tensors = plan.total_bytes - next(part.bytes for part in plan.parts if part.name == "runtime")
             reserved = run["peak_reserved"]
             error = f"{100 * (tensors - reserved) / reserved:+.0f} %" if reserved else "no CUDA peak"
             figures[run["label"]] = {"plan_tensors": tensors, "plan_total": plan.total_bytes, "reserved": reserved}
             lines.append(f"{run['label']} plan {gib(tensors)} vs reserved {gib(reserved)} GiB ({error})")
-    return Findings(bool(lines), "; ".join(lines) or "no finished training run to compare", figures=figures)
+    return Findings(bool(figures), "; ".join(lines) or "no finished training run to compare", figures=figures)
 
 
 PARTS = {part.__name__: part for part in (device, zero3_lora_resume, vocab152k_2k, dapo_dynamic_sampling, dtypes,
