@@ -14,9 +14,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYVER="${GPU_PYTHON:-3.12}"
-# 2.35: Ubuntu 22.04, the base of NVIDIA's CUDA images and vLLM's own; vLLM 0.32.0's llguidance needs >= 2.31
+# 2.35: Ubuntu 22.04, a common base of CUDA images; vLLM 0.32.0's llguidance needs >= 2.31
 GLIBC="${GPU_GLIBC:-2.35}"
-# the largest wheels are far over it (vLLM 0.32.0: 336 MB; torch and the CUDA libraries: GBs)
+# the large wheels are over it (vLLM 0.32.0's x86-64 wheel: 327 MB)
 GUARD_MB="${GUARD_MB:-200}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
