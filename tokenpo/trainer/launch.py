@@ -4,8 +4,8 @@ Two ways in:
 - `trainer.nproc=N`: the Hydra job starts N local worker processes itself (so `-m` sweeps work unchanged);
   workers join one process group through the usual RANK / WORLD_SIZE / MASTER_* variables and share the
   job's run dir. If one fails, the others are stopped and the job fails with its exit code; a stop signal
-  (`STOP_SIGNALS`) sent to the job is forwarded once to every worker (they save a checkpoint and exit). If the job dies without
-  a word (SIGKILL, the OOM killer), its workers are killed with it (`die_with_launcher`).
+  (`STOP_SIGNALS`) sent to the job is forwarded once to every worker (they save a checkpoint and exit). If the
+  job dies without a word (SIGKILL, the OOM killer), its workers are killed with it (`die_with_launcher`).
 - an external launcher (torchrun, `deepspeed` incl. --hostfile, or anything that sets WORLD_SIZE): every rank
   runs Hydra's main. Only rank 0 keeps Hydra's run dir; the other ranks point Hydra at a private temporary
   folder (removed at exit) and take rank 0's run dir by broadcast once the process group is up.
