@@ -20,12 +20,14 @@ if [ "$DEVICE" = cuda ]; then
   command -v nvidia-smi >/dev/null || { echo "check_gpu: no nvidia-smi, no GPU here" >&2; exit 1; }
   nvidia-smi -L | tee "$OUT/nvidia-smi.log"
   WHEELS="${WHEELS:-gpu_wheels}"
-  [ -n "$(ls "$WHEELS"/*.whl 2>/dev/null)" ] || { echo "check_gpu: no wheels in $WHEELS (bash scripts/gpu_wheels.sh)" >&2; exit 1; }
+  [ -n "$(ls "$WHEELS"/*.whl 2>/dev/null)" ] \
+    || { echo "check_gpu: no wheels in $WHEELS (bash scripts/gpu_wheels.sh)" >&2; exit 1; }
   VENV="${TOKENPO_GPU_VENV:-.venv-gpu}"
   # the image's packages stay visible; the wheels' versions win inside the venv
   [ -x "$VENV/bin/python" ] || python3 -m venv --system-site-packages "$VENV"
   timeout 60 "$VENV/bin/python" -m pip install -q --no-index --no-deps "$WHEELS"/*.whl >"$OUT/install.log" 2>&1 \
-    || { echo "check_gpu: the offline install failed or took over 60 s: $OUT/install.log" >&2; tail -n 5 "$OUT/install.log" >&2; exit 1; }
+    || { echo "check_gpu: the offline install failed or took over 60 s ($OUT/install.log):" >&2
+         tail -n 5 "$OUT/install.log" >&2; exit 1; }
   PY="$VENV/bin/python"
 else
   # the rehearsal's parts have CPU timeouts (2 shared cores): the budget is theirs, not the slot's

@@ -54,14 +54,15 @@ def header(device: str, budget_s: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "outputs" / "check_gpu")
-    # the drawn models (0.7 GB) and the run dirs with their checkpoints stay out of --out, which comes back from the slot
+    # the drawn models (0.7 GB) and the run dirs with their checkpoints stay out of --out (it comes back from the slot)
     parser.add_argument("--work", type=Path, default=Path("/tmp/tokenpo_gpu_check"), help="models and run dirs")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--budget", type=float, default=440, help="seconds for all parts together")
     parser.add_argument("--only", nargs="+", choices=[name for name, _, _ in PLAN], help="run these parts only")
     args = parser.parse_args()
     out = args.out.resolve()
-    rows = run_check(parts_for(args.device, out, args.work.resolve(), args.only), out, args.budget, header(args.device, args.budget), REPO)
+    parts = parts_for(args.device, out, args.work.resolve(), args.only)
+    rows = run_check(parts, out, args.budget, header(args.device, args.budget), REPO)
     print((out / "gpu_check.md").read_text())
     sys.exit(0 if all(row.status == "ok" for row in rows) else 1)
 

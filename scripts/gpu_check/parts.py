@@ -161,7 +161,8 @@ def train(label: str, overrides: list[str], run_dir: Path, out: Path, entry: lis
     run.seconds = time.perf_counter() - start
     text = log.read_text(errors="replace")
     metrics = run_dir / "metrics.jsonl"
-    run.steps = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    run.steps = [json.loads(line) for line in lines if line.strip()]
     if run.returncode != 0:
         errors = ONE_LINE_ERROR.findall(text) or [line for line in text.splitlines() if "error" in line.lower()]
         run.error = (errors or text.splitlines() or ["no output"])[-1][:300]
