@@ -253,8 +253,9 @@ def zero3_lora_resume(sizes: Sizes, out: Path, work: Path) -> Findings:
                  "model.gradient_checkpointing=true", "trainer.recompute_head=true", "trainer.save_every=1"]
     run_dir = work / "runs" / "zero3_lora"
     first = train("zero3_lora_steps_1_2", [*overrides, *run_shape(sizes, 2)], run_dir, out)
-    if failed_run([first]):
-        return failed_run([first])
+    failure = failed_run([first])
+    if failure:
+        return failure
     second = train("zero3_lora_resume_3", [*overrides, *run_shape(sizes, 3)], run_dir, out)
     failure = failed_run([first, second])
     if failure:
