@@ -221,6 +221,7 @@ def problem_seen(path: Path, quick: bool, ranks: Ranks, with_checksums: bool) ->
     except OSError as err:
         return f"{path}: unreadable ({type(err).__name__}: {err})"
 
+
 def newest_verified(root: Path, quick: bool, ranks: Ranks, with_checksums: bool) -> Path | None:
     """The newest checkpoint under `root` that verifies; one warning line (rank 0's) for those skipped and a lost
     `latest`. The candidates are those rank 0 lists, so every rank verifies the same ones."""
