@@ -17,10 +17,11 @@ OUT="${1:-gpu_wheels}"
 PYVER="${GPU_PYTHON:-3.12}"
 # PY: a Python whose environment already holds tokenpo's dependencies (default: the one scripts/setup.sh makes)
 PY="${PY:-$(bash scripts/setup.sh | tail -n 1)}"
-# beyond the image: tokenpo's own dependencies (hydra, deepspeed, math-verify, gguf) and theirs
+# beyond the image: tokenpo's own dependencies (hydra, deepspeed, math-verify, gguf) and theirs; PEFT as well, though
+# the image has one: tokenpo.train refuses a PEFT outside tokenpo/versions.py's range, and this venv's is inside it
 BINARY=(pydantic-core msgpack ninja)
 PURE=(hydra-core omegaconf math-verify latex2sympy2_extended gguf hjson py-cpuinfo pydantic annotated-types
-      typing-inspection typing-extensions einops)
+      typing-inspection typing-extensions einops peft)
 pin() { "$PY" -c "import sys; from importlib.metadata import version; print(*(f'{n}=={version(n)}' for n in sys.argv[1:]))" "$@"; }
 rm -rf "$OUT"
 mkdir -p "$OUT"
