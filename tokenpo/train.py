@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from tokenpo import CONF_DIR
 from tokenpo.config import build_config
 from tokenpo.errors import ConfigError
+from tokenpo.plan.context import check_run_context, run_prompt_lengths
 from tokenpo.plan.memory import check_memory_plan
 from tokenpo.preflight import check_command_line, check_inputs
 from tokenpo.trainer import rundir
@@ -109,7 +110,6 @@ def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
         check_local_devices(cfg.trainer.nproc, visible_cuda_devices())
     # before any process starts or loads a model
     cfg.validate_batch(max(world, cfg.trainer.nproc))
-    check_memory_plan(cfg, max(world, cfg.trainer.nproc))
     run_dir, name, group = run_identity()
     job = HydraConfig.get().job.num if in_sweep else None
     # a submitit job's other tasks share this run dir: rank 0 alone reports and writes
@@ -124,6 +124,14 @@ def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
         if same is False:  # another sweep's run: set aside, never resumed
             resume = "none"
     check_inputs(cfg, run_dir)
+    # the data and tokenizer (seconds, no weights): the real prompt lengths for the context check and the memory plan
+    prompts = run_prompt_lengths(cfg)
+    longest = check_run_context(cfg, prompts)
+    if longest is not None and cfg.rollout.engine == "vllm" and cfg.rollout.vllm.max_model_len is None:
+        # vLLM would take the model's whole context; the run's own longest sequence is what it must hold (workers
+        # read the tree)
+        tree.rollout.vllm.max_model_len = cfg.rollout.vllm.max_model_len = longest
+    check_memory_plan(cfg, max(world, cfg.trainer.nproc), prompts.train)
     if rank0:
         if in_sweep:
             log.info("job %d: %s in %s", job, "resumed" if rundir.continues_here(run_dir, resume) else "started",

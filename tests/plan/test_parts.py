@@ -93,7 +93,8 @@ def test_reference_is_none_without_kl_and_with_lora():
 
 
 ARCH = Architecture(vocab_size=1000, hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16,
-                    intermediate_size=128, tie_word_embeddings=True, qkv_bias=False, max_position_embeddings=512)
+                    intermediate_size=128, tie_word_embeddings=True, qkv_bias=False, max_position_embeddings=512,
+                    context_length=512)
 
 
 def test_hf_kv_cache_holds_every_row_at_prompt_plus_response_length():

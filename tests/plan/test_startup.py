@@ -1,5 +1,5 @@
-"""tokenpo.train prints the plan's total at start-up and refuses, in one line and before any model loads, a run
-whose plan exceeds trainer.memory_limit."""
+"""tokenpo.train prints the plan's total at start-up, for the longest prompt of the run's data, and refuses, in one
+line and before any model loads, a run whose plan exceeds trainer.memory_limit."""
 
 from __future__ import annotations
 
@@ -12,12 +12,16 @@ from tokenpo.plan import build_plan, format_bytes
 from tokenpo.plan.cli import compose_train_config
 from tokenpo.plan.memory import device_type
 
+from test_context import start_up_errors
 from test_train_cli import GUARDED_TRAIN, REPO, start_error
 
 
 def test_a_plan_over_the_memory_limit_stops_before_the_model_loads(tmp_path):
-    total = build_plan(compose_train_config(["model=tiny"]), 1, device=device_type()).total_bytes
-    error = start_error(tmp_path, "model=tiny", f"trainer.memory_limit={total - 1}")
+    # planned for the data's longest prompt: 82 tokens of the tiny tokenizer (tests/plan/test_context.py)
+    total = build_plan(compose_train_config(["model=tiny"]), 1, prompt_tokens=82, device=device_type()).total_bytes
+    errors = start_up_errors(tmp_path, "model=tiny", f"trainer.memory_limit={total - 1}")
+    assert len(errors) == 1
+    error = errors[0]
     assert error.startswith(f"tokenpo: error: memory plan: {format_bytes(total)} per process exceeds "
                             f"trainer.memory_limit {format_bytes(total - 1)}; suggested: trainer.micro_batch_size=16")
 
@@ -35,5 +39,5 @@ def test_a_plan_within_the_limit_prints_its_total_and_goes_on(tmp_path):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "memory plan: " in line]
     assert len(lines) == 1, proc.stdout + proc.stderr
-    assert ("per process at the update phase's peak of 80.00 GiB (trainer.memory_limit), prompts of up to 512 tokens "
-            "assumed") in lines[0]
+    assert ("per process at the update phase's peak of 80.00 GiB (trainer.memory_limit), for the data's longest prompt "
+            "(82 tokens); python -m tokenpo.plan <the same overrides> --prompt-tokens 82 lists its parts") in lines[0]

@@ -35,6 +35,9 @@ class Architecture:
     tie_word_embeddings: bool
     qkv_bias: bool
     max_position_embeddings: int
+    # positions the model may run over: max_position_embeddings, or rope_scaling's factor x its original positions
+    # where that is larger (Qwen2.5's YaRN entry keeps max_position_embeddings at the trained 32768)
+    context_length: int
 
     @property
     def q_dim(self) -> int:
@@ -68,7 +71,20 @@ def architecture_from_config(config: dict, where: str) -> Architecture:
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=bool(config.get("attention_bias", config.get("model_type") in QKV_BIAS_MODEL_TYPES)),
         max_position_embeddings=get("max_position_embeddings", 2048),
+        context_length=context_length(config),
     )
+
+
+def context_length(config: dict) -> int:
+    """Positions a config.json allows: max_position_embeddings, raised by a rope_scaling factor (yarn, linear,
+    dynamic: factor x original_max_position_embeddings, as transformers' RoPE initialisation reads it)."""
+    positions = config.get("max_position_embeddings", 2048)
+    scaling = config.get("rope_scaling") or {}
+    factor = scaling.get("factor")
+    if not factor:
+        return positions
+    original = scaling.get("original_max_position_embeddings", positions)
+    return max(positions, int(factor * original))
 
 
 def num_parameters(arch: Architecture) -> int:
@@ -124,7 +140,7 @@ def tiny_architecture(cfg: ModelConfig) -> Architecture:
     return Architecture(vocab_size=vocab, hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
                         num_kv_heads=t.num_heads, head_dim=t.hidden_size // t.num_heads,
                         intermediate_size=t.intermediate_size, tie_word_embeddings=True, qkv_bias=False,
-                        max_position_embeddings=2048)
+                        max_position_embeddings=2048, context_length=2048)
 
 
 def model_architecture(cfg: ModelConfig) -> tuple[Architecture, str]:

@@ -2,6 +2,7 @@
 
     python -m tokenpo.plan experiment=paper/gtpo_qwen2_5_7b --device-memory 80GiB
     python -m tokenpo.plan model=tiny rollout.max_new_tokens=512 --json
+    python -m tokenpo.plan --device cpu --prompt-tokens data      # the main job, planned from its data's prompts
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from hydra import initialize_config_dir
 from tokenpo import CONF_DIR
 from tokenpo.config import TrainConfig
 from tokenpo.errors import ConfigError
+from tokenpo.plan.context import run_prompt_lengths
 from tokenpo.plan.memory import MemoryPlan, build_plan, cuda_memory
 from tokenpo.plan.units import format_bytes, parse_bytes
 from tokenpo.preflight import check_command_line, compose_and_validate
@@ -63,6 +65,15 @@ def describe(plan: MemoryPlan, cfg: TrainConfig) -> str:
     return "\n".join(lines)
 
 
+def prompt_tokens_arg(value: str) -> int | str:
+    if value == "data":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a token count or 'data', got {value!r}") from None
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tokenpo.plan", description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="*", help="the overrides of tokenpo.train (key=value, group=option)")
@@ -71,8 +82,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--world-size", type=int, help="processes in all (default: trainer.nproc, or WORLD_SIZE)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="what the processes run on (only the runtime part differs; default: cuda)")
-    parser.add_argument("--prompt-tokens", type=int,
-                        help="longest prompt in tokens (default: data.max_prompt_tokens, else 512)")
+    parser.add_argument("--prompt-tokens", type=prompt_tokens_arg,
+                        help="longest prompt in tokens, or 'data': the longest of the run's data under its template, "
+                             "counted by the model's tokenizer, as tokenpo.train plans at start-up (default: "
+                             "data.max_prompt_tokens, else 512)")
     return parser.parse_args(argv)
 
 
@@ -84,7 +97,8 @@ def main(argv: list[str] | None = None) -> None:
         world = args.world_size or run_world_size(cfg)
         if world < 1:
             raise ConfigError(f"--world-size must be >= 1, got {world}")
-        plan = build_plan(cfg, world, memory, args.prompt_tokens, device=args.device)
+        prompt_tokens = run_prompt_lengths(cfg).train if args.prompt_tokens == "data" else args.prompt_tokens
+        plan = build_plan(cfg, world, memory, prompt_tokens, device=args.device)
     except ConfigError as err:
         print(f"tokenpo.plan: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -327,21 +327,22 @@ def memory_limit(cfg: TrainConfig) -> int | None:
     return cuda_memory()
 
 
-def check_memory_plan(cfg: TrainConfig, world: int) -> MemoryPlan | None:
-    """Start-up, before any model loads: the plan's total in one line; ConfigError (one line) when it exceeds
-    the memory a process may use. A model whose config.json cannot be found offline is not planned (a warning)."""
+def check_memory_plan(cfg: TrainConfig, world: int, prompt_tokens: int) -> MemoryPlan | None:
+    """Start-up, before any model loads: the plan's total for the run's longest prompt (`prompt_tokens`, from its
+    data: tokenpo.plan.context.run_prompt_lengths) in one line; ConfigError (one line) when it exceeds the memory a
+    process may use. A model whose config.json cannot be found offline is not planned (a warning)."""
     limit = memory_limit(cfg)
     try:
-        plan = build_plan(cfg, world, limit, device=device_type())
+        plan = build_plan(cfg, world, limit, prompt_tokens, device=device_type())
     except ConfigError as err:
         log.warning("memory plan: not computed (%s)", err)
         return None
     where = "trainer.memory_limit" if cfg.trainer.memory_limit is not None else "the CUDA device's memory"
     of_limit = "" if limit is None else f" of {format_bytes(limit)} ({where})"
-    log.info("memory plan: %s per process at the %s phase's peak%s, prompts of up to %d tokens assumed "
-             "(data.max_prompt_tokens, else %d); python -m tokenpo.plan <the same overrides> lists its parts",
+    log.info("memory plan: %s per process at the %s phase's peak%s, for the data's longest prompt (%d tokens); "
+             "python -m tokenpo.plan <the same overrides> --prompt-tokens %d lists its parts",
              format_bytes(plan.total_bytes), plan.peak_phase, of_limit, plan.shapes.prompt_tokens,
-             DEFAULT_PROMPT_TOKENS)
+             plan.shapes.prompt_tokens)
     if plan.fits is False:
         hint = (f"suggested: {plan.suggestions[0][0]} (plan {format_bytes(plan.suggestions[0][1])})"
                 if plan.suggestions else "no single listed change fits")

@@ -127,36 +127,54 @@ def vllm_budget(parts: list[Part], device_memory: int, asleep: bool) -> int:
 
 
 def layer_activation_bytes(arch: Architecture, elem: int) -> int:
-    """Bytes autograd keeps per token in one decoder layer (HF Llama/Qwen2 code, SDPA attention):
-    the layer input and the residual after attention, both RMSNorm outputs (+ their fp32 upcasts below fp32),
-    q (projection, rotate_half, rotated, attention output, its contiguous copy), k (projection, rotate_half,
-    rotated) and v, and the MLP's gate, SiLU(gate), up and their product."""
-    h, q, kv, i = arch.hidden_size, arch.q_dim, arch.kv_dim, arch.intermediate_size
-    elements = 4 * h + 5 * q + 4 * kv + 4 * i
-    upcasts = 2 * 2 * h * FP32 if elem < FP32 else 0
-    return elements * elem + upcasts
+    """Bytes autograd keeps per token in one decoder layer (HF Llama/Qwen2 code, SDPA attention), as counted by
+    torch.autograd.graph.saved_tensors_hooks on SmolLM2-135M in fp32 and bf16 (docs/performance.md): 4 hidden-wide
+    tensors in the training dtype (the layer input, the residual after attention, both RMSNorm outputs), the two
+    RMSNorms' normalised values in fp32, 2 query-wide ones (the rotated queries, the attention output) and the MLP's
+    4 (gate, SiLU(gate), up, their product)."""
+    h, q, i = arch.hidden_size, arch.q_dim, arch.intermediate_size
+    return (4 * h + 2 * q + 4 * i) * elem + 2 * h * FP32
+
+
+def attention_keys_bytes(arch: Architecture, positions: int, elem: int) -> int:
+    """One layer's keys and values over `positions` (summed over rows), as SDPA keeps them: expanded to every query
+    head (transformers' repeat_kv runs whenever an attention mask is passed: left-padded prompts, cached prompts)."""
+    return 2 * arch.q_dim * positions * elem
+
+
+def final_norm_bytes(arch: Architecture, tokens: int, elem: int) -> int:
+    """The decoder's final RMSNorm over its `tokens`: its input in fp32 (upcast below fp32) and the normalised value
+    in the training dtype (the weight's product keeps it)."""
+    return tokens * arch.hidden_size * (FP32 + elem)
 
 
 def activations(arch: Architecture, rows: int, groups: int, prompt_tokens: int, new_tokens: int, elem: int,
                 checkpointing: bool) -> Part:
     """The largest micro-batch's forward/backward (tokenpo.models.logprobs.response_token_hidden_states).
 
-    Without checkpointing each group's prompt runs once and its KV cache serves its rows, whose responses run
-    over it: every layer keeps its activations of groups x P + rows x T tokens, and the keys and values of the
-    rows over P + T positions (prompt copies and concatenated cache). With checkpointing every row runs
-    prompt + response; each layer keeps only its input, plus one layer's activations while it is recomputed.
+    Without checkpointing each group's prompt runs once and its KV cache serves its rows, whose responses (but
+    the last token, which predicts nothing) run over it: every layer keeps its activations of groups x P +
+    rows x (T - 1) tokens, and the keys and values of the prompts and of each row over its P + T - 1 positions;
+    the attention mask (rows x (T - 1) x (P + T - 1)) is one tensor for all layers. With checkpointing every row
+    runs prompt + response; each layer keeps only its input, plus one layer's activations, keys, values and mask
+    while that layer is recomputed in the backward pass.
     """
-    per_token = layer_activation_bytes(arch, elem)
+    per_token, layers, h = layer_activation_bytes(arch, elem), arch.num_layers, arch.hidden_size
     if checkpointing:
-        tokens = rows * (prompt_tokens + new_tokens)
-        held = arch.num_layers * tokens * arch.hidden_size * elem + tokens * per_token
+        seq = prompt_tokens + new_tokens
+        tokens = rows * seq
+        one_layer = tokens * per_token + attention_keys_bytes(arch, tokens, elem) + rows * seq * seq * elem
+        held = layers * tokens * h * elem + final_norm_bytes(arch, tokens, elem) + one_layer
         return Part("activations", held, UPDATE,
-                    f"checkpointed: {rows} rows x {prompt_tokens + new_tokens} tokens, layer inputs + one layer")
-    tokens = groups * prompt_tokens + rows * new_tokens
-    kv = 2 * arch.num_layers * arch.kv_dim * rows * (2 * prompt_tokens + new_tokens) * elem
-    held = arch.num_layers * tokens * per_token + kv
+                    f"checkpointed: {rows} rows x {seq} tokens, layer inputs + one layer")
+    response = max(new_tokens - 1, 0)
+    tokens = groups * prompt_tokens + rows * response
+    positions = groups * prompt_tokens + rows * (prompt_tokens + response)
+    mask = (rows * response * (prompt_tokens + response) + groups * prompt_tokens**2) * elem
+    held = layers * (tokens * per_token + attention_keys_bytes(arch, positions, elem)) + mask
+    held += final_norm_bytes(arch, tokens, elem)
     return Part("activations", held, UPDATE,
-                f"{groups} prompt(s) x {prompt_tokens} + {rows} responses x {new_tokens} tokens, every layer")
+                f"{groups} prompt(s) x {prompt_tokens} + {rows} responses x {response} tokens, every layer")
 
 
 def head_chunks(arch: Architecture, response_tokens: int, chunk_tokens: int, recompute: bool,
