@@ -37,6 +37,9 @@ def cases(tmp: Path) -> list[tuple[str, list[str], dict]]:
              "train_split: null, eval_split: test}}]")
     good_gsm8k = tmp / "gsm8k.jsonl"
     good_gsm8k.write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    broken = broken_data_files(tmp)
+    train_file = [*tiny, "data=file", "data.eval_split=null"]
+    benchmark = [*tiny, "eval=gsm8k"]
     return [
         ("bad value", ["rollout.group_size=-2"], {}),
         ("model folder missing", [*tiny, "model.source=local", "model.path=/nonexistent"], {}),
@@ -54,6 +57,9 @@ def cases(tmp: Path) -> list[tuple[str, list[str], dict]]:
         ("data file missing", [*tiny, "data=file", "data.path=/nonexistent/train.jsonl", "data.eval_split=null"], {}),
         ("eval data file missing", [*tiny, "eval=gsm8k", "eval.data.path=/nonexistent/gsm8k.jsonl"], {}),
         ("eval.extra data file missing", [*tiny, "eval=gsm8k", f"eval.data.path={good_gsm8k}", extra], {}),
+        *((f"data file: {what}", [*train_file, f"data.path={path}"], {}) for what, path in broken.items()),
+        ("eval data file empty", [*benchmark, f"eval.data.path={broken['empty']}"], {}),
+        ("eval data file: a number as question", [*benchmark, f"eval.data.path={tmp / 'gsm8k_number.jsonl'}"], {}),
         ("reward.fn module missing", [*tiny, "reward.fn=no_such_module:score"], {}),
         ("reward.fn signature", [*tiny, "reward.fn=test_train_cli:read_metrics"], {}),
         ("reward.fn with trainer.nproc=2", [*tiny, "trainer.nproc=2", "reward.fn=no_such_module:score"], {}),
@@ -67,6 +73,23 @@ def cases(tmp: Path) -> list[tuple[str, list[str], dict]]:
         ("sweep objective unknown", ["-m", *tiny, "seed=0,1", "trainer.objective=eval/arith/pass@4"], {}),
         ("submitit tasks vs nproc", ["-m", *tiny, "seed=0,1", "hydra/launcher=submitit_local", "trainer.nproc=2"], {}),
     ]
+
+
+def broken_data_files(tmp: Path) -> dict[str, Path]:
+    """The broken data files of tests/test_preflight.py (what is wrong -> the file), and a gsm8k-layout benchmark
+    file whose first question is a number."""
+    files = {"empty": ("empty.jsonl", ""),
+             "malformed line": ("malformed.jsonl", '{"problem": "1+1?", "answer": "2"}\n{"problem": "2+2?", \n'),
+             "CSV without the answer column": ("no_answer.csv", "problem,solution\n1+1?,2\n"),
+             "CSV without the problem column": ("no_problem.csv", "question,answer\n1+1?,2\n"),
+             "CSV with the answer cells empty": ("empty_answers.csv", "problem,answer\n1+1?,\n2+2?,\n"),
+             "CSV with an unquoted comma": ("comma.csv", "problem,answer\nWhat is 1,000 + 1?,1001\n"),
+             "a number as problem": ("number.jsonl", '{"problem": 7, "answer": "2"}\n'),
+             "not parquet": ("broken.parquet", "not parquet\n")}
+    (tmp / "gsm8k_number.jsonl").write_text('{"question": 12, "answer": "#### 2"}\n')
+    for name, text in files.values():
+        (tmp / name).write_text(text)
+    return {what: tmp / name for what, (name, _) in files.items()}
 
 
 def children_cpu_s() -> float:

@@ -137,7 +137,7 @@ def test_file_loader_needs_a_mapping(make_cfg, fixtures_dir):
 def test_prompt_field_that_is_not_text_is_a_clear_error(make_cfg, fixtures_dir):
     cfg = make_cfg(loader="file", name="x", path=str(fixtures_dir / "custom.jsonl"), eval_split=None,
                    prompt_key="item", answer_key="label.value")
-    with pytest.raises(ConfigError, match=r"data.prompt_key 'item' in .*custom.jsonl row 0 holds a dict, not text"):
+    with pytest.raises(ConfigError, match=r"data.prompt_key 'item' in .*custom.jsonl row 0 holds an object, not text"):
         load_split(cfg, "train", seed=0)
 
 
@@ -146,7 +146,7 @@ def test_bad_json_line_and_missing_file_and_suffix(make_cfg, tmp_path):
     broken.write_text('{"problem": "a", "answer": "1"}\n{"problem": \n')
     cfg = make_cfg(loader="file", name="x", path=str(broken), eval_split=None, prompt_key="problem",
                    answer_key="answer")
-    with pytest.raises(ConfigError, match=r"^invalid JSON on line 2 of .*broken.jsonl"):
+    with pytest.raises(ConfigError, match=r"^data.path .*broken.jsonl line 2 is not valid JSON: "):
         load_split(cfg, "train", seed=0)
     for name, message in [("absent.jsonl", "does not exist"), ("data.txt", "unsupported suffix")]:
         if name == "data.txt":
@@ -223,3 +223,38 @@ def test_start_up_file_check_reads_each_split_head(make_cfg, fixtures_dir, tmp_p
                          prompt_key="nope", answer_key="answer")
     with pytest.raises(ConfigError, match="data.prompt_key 'nope' not found in"):
         check_local_files(wrong_key)
+
+
+def deep_file(folder: Path, bad_line: str) -> Path:
+    """5000 good rows, then `bad_line` as row 5000: past the rows the start-up check reads."""
+    path = folder / "train.jsonl"
+    path.write_text("".join(f'{{"problem": "{i} + 1?", "answer": "{i + 1}"}}\n' for i in range(5000)) + bad_line)
+    return path
+
+
+@pytest.mark.parametrize(("bad_line", "message"), [
+    ('{"problem": "5000 + 1?", \n', "data.path {path} line 5001 is not valid JSON: Expecting property name enclosed "
+                                    "in double quotes (column 26)"),
+    ('{"problem": 5000, "answer": "5001"}\n', "data.prompt_key 'problem' in {path} row 5000 holds a number (5000), "
+                                              "not text"),
+], ids=["malformed line", "number as problem"])
+def test_a_broken_row_deep_in_the_file_is_refused_in_one_line_when_the_data_loads(make_cfg, tmp_path, bad_line,
+                                                                                  message):
+    from tokenpo.data.loaders import CHECKED_ROWS
+
+    assert CHECKED_ROWS < 5000
+    path = deep_file(tmp_path, bad_line)
+    cfg = make_cfg(loader="file", name="x", path=str(path), eval_split=None, prompt_key="problem", answer_key="answer")
+    check_local_files(cfg)  # start-up reads the head only
+    # loading reads every row, before the first step (the trainer loads both splits as lists)
+    with pytest.raises(ConfigError) as err:
+        load_splits(cfg, seed=0)
+    assert str(err.value) == message.format(path=path)
+
+
+def test_rows_lacking_a_field_or_text_deep_in_the_file_are_dropped_and_counted(make_cfg, tmp_path):
+    path = deep_file(tmp_path, '{"problem": "5000 + 1?"}\n{"problem": "", "answer": "1"}\n')
+    cfg = make_cfg(loader="file", name="x", path=str(path), eval_split=None, prompt_key="problem", answer_key="answer")
+    check_local_files(cfg)
+    examples, report = load_split(cfg, "train", seed=0)
+    assert (len(examples), report.rows_read, report.missing_field, report.empty_problem) == (5000, 5002, 1, 1)

@@ -38,6 +38,8 @@ def read_rows(path: Path) -> Iterator[dict]:
     """Yield the file's rows as dicts; the suffix picks the format. Unreadable input raises ConfigError."""
     if not path.is_file():
         raise ConfigError(f"data.path {path} does not exist")
+    if path.stat().st_size == 0:
+        raise ConfigError(f"data.path {path} is empty (0 bytes)")
     if path.suffix == ".jsonl":
         return _utf8_checked(_jsonl_rows(path), path)
     if path.suffix == ".json":
@@ -69,11 +71,13 @@ def _jsonl_rows(path: Path) -> Iterator[dict]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                # without its newline: the column of an error at the line's end is within the line
+                row = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as error:
-                raise ConfigError(f"invalid JSON on line {line_number} of {path}: {error.msg}") from error
+                raise ConfigError(f"data.path {path} line {line_number} is not valid JSON: {error.msg} "
+                                  f"(column {error.colno})") from error
             if not isinstance(row, dict):
-                raise ConfigError(f"line {line_number} of {path} is a JSON {type(row).__name__}, expected an object")
+                raise ConfigError(f"data.path {path} line {line_number} holds {json_kind(row)}, expected an object")
             yield row
 
 
@@ -81,21 +85,53 @@ def _json_rows(path: Path) -> Iterator[dict]:
     try:
         rows = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
-        raise ConfigError(f"invalid JSON in {path}: {error.msg} (line {error.lineno})") from error
-    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
-        raise ConfigError(f"{path} must hold a JSON list of objects")
+        raise ConfigError(f"data.path {path} is not valid JSON: {error.msg} (line {error.lineno}, column "
+                          f"{error.colno})") from error
+    if not isinstance(rows, list):
+        raise ConfigError(f"data.path {path} holds {json_kind(rows)}, expected a JSON list of objects")
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ConfigError(f"data.path {path} item {index} holds {json_kind(row)}, expected an object")
     yield from rows
 
 
 def _parquet_rows(path: Path) -> Iterator[dict]:
     try:
+        import pyarrow
         import pyarrow.parquet as pq
     except ImportError as error:
         raise ConfigError(f"reading {path} needs pyarrow (pip install 'tokenpo[data]')") from error
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=_PARQUET_BATCH_ROWS):
-        yield from batch.to_pylist()
+    try:
+        batches = pq.ParquetFile(path).iter_batches(batch_size=_PARQUET_BATCH_ROWS)
+        for batch in batches:
+            yield from batch.to_pylist()
+    except pyarrow.ArrowException as error:
+        raise ConfigError(f"data.path {path} is not a readable parquet file: {error}") from error
 
 
 def _csv_rows(path: Path) -> Iterator[dict]:
     with path.open(encoding="utf-8", newline="") as handle:
-        yield from csv.DictReader(handle)
+        reader = csv.DictReader(handle)
+        for row in reader:
+            # more values than the header has columns: an unquoted comma ("1,000") shifted the columns after it
+            if None in row:
+                header = reader.fieldnames
+                raise ConfigError(f"data.path {path} line {reader.line_num} has {len(header) + len(row[None])} "
+                                  f"values for the header's {len(header)} ({', '.join(header)}): quote values "
+                                  "that hold commas")
+            yield row
+
+
+def json_kind(value) -> str:
+    """What a value read from a data file is, in JSON's words ("a number", "null"), for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "an object"
+    return f"a {type(value).__name__}"

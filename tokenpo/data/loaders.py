@@ -12,14 +12,14 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tokenpo.data.answers import gsm8k_final_answer, strip_dapo_wrapper
 from tokenpo.data.arith import arith_splits
 from tokenpo.data.example import Example, LoadReport
-from tokenpo.data.files import MISSING, get_field, read_rows
+from tokenpo.data.files import MISSING, get_field, json_kind, read_rows
 from tokenpo.data.prompts import prompt_token_ids
 from tokenpo.errors import ConfigError
 from tokenpo.registry import Registry
@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 
 SPLIT_SLOT = "{split}"
 WHICH = ("train", "eval")
+# Rows of each local data file read and parsed at start-up: a wrong mapping, a value of the wrong type or a broken
+# line near the top stops the run in milliseconds whatever the file's size; later rows meet the same checks when the
+# data loads, before the first step
+CHECKED_ROWS = 1000
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +49,7 @@ def answer_text(value) -> str:
 
 def problem_text(value) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"holds a {type(value).__name__}, not text")
+        raise TypeError(f"holds {json_kind(value)}, not text")
     return value.strip()
 
 
@@ -54,7 +58,7 @@ def dapo_problem(value) -> str:
     if isinstance(value, str):
         return strip_dapo_wrapper(value)
     if not isinstance(value, (list, tuple)):
-        raise TypeError(f"holds a {type(value).__name__}, not a list of chat messages")
+        raise TypeError(f"holds {json_kind(value)}, not a list of chat messages")
     user_messages = [m.get("content") or "" for m in value if isinstance(m, dict) and m.get("role") == "user"]
     return strip_dapo_wrapper(user_messages[-1]) if user_messages else ""
 
@@ -174,6 +178,12 @@ def load_table(spec: TableSpec, cfg: DataConfig, which: str) -> tuple[list[Examp
     """Examples of one split of a table dataset, with the report of what was dropped and why."""
     split = split_name(cfg, which)
     rows, source = _rows(cfg, spec, split)
+    return table_examples(rows, spec, cfg, split, source)
+
+
+def table_examples(rows: Iterable[dict], spec: TableSpec, cfg: DataConfig, split: str,
+                   source: str) -> tuple[list[Example], LoadReport]:
+    """Examples of `rows` (from `source`) under the fields the first row resolves, with the dropped rows counted."""
     report = LoadReport(source=source, split=split)
     rows = iter(rows)
     first = next(rows, None)
@@ -213,19 +223,28 @@ def load_table(spec: TableSpec, cfg: DataConfig, which: str) -> tuple[list[Examp
 
 
 def check_local_files(cfg: DataConfig) -> None:
-    """Start-up check of data.path: each split's file exists, parses up to its first row, and that row holds the
-    problem and answer fields; so a bad file stops the run before a model loads. Hub datasets load later."""
+    """Start-up check of data.path, so a bad file stops the run before torch is imported or a model loads: each
+    split's file exists and holds rows, its first CHECKED_ROWS rows parse (the first holding the problem and answer
+    fields, every problem text), and a file read whole there yields an example. Hub datasets are checked when they
+    load."""
     if cfg.path is None or cfg.loader not in TABLE_SPECS:
         return
     spec = TABLE_SPECS[cfg.loader]
     for which in WHICH:
-        if split_name(cfg, which) is None:
+        split = split_name(cfg, which)
+        if split is None:
             continue
-        rows, source = _rows(cfg, spec, split_name(cfg, which))
-        first = next(iter(rows), None)
-        if first is not None:
-            _resolve_rule("prompt_key", cfg.prompt_key, spec.prompt_rules, first, spec, source)
-            _resolve_rule("answer_key", cfg.answer_key, spec.answer_rules, first, spec, source)
+        rows, source = _rows(cfg, spec, split)
+        head = list(islice(rows, CHECKED_ROWS))
+        if not head:
+            raise ConfigError(f"data.path {source} holds no rows")
+        examples, report = table_examples(head, spec, cfg, split, source)
+        if not examples and len(head) < CHECKED_ROWS:
+            raise no_usable_examples(which, report)
+
+
+def no_usable_examples(which: str, report: LoadReport) -> ConfigError:
+    return ConfigError(f"data.{which}_split {report.split!r} has no usable examples ({report.summary()})")
 
 
 def _load_arith(cfg: DataConfig, which: str) -> tuple[list[Example], LoadReport]:
@@ -306,8 +325,6 @@ def load_splits(cfg: DataConfig, seed: int, tokenizer=None) -> tuple[list[Exampl
         examples, report = load_split(cfg, which, seed, tokenizer)
         logger.log(logging.WARNING if report.dropped else logging.INFO, "data %s: %s", cfg.name, report.summary())
         if not examples:
-            raise ConfigError(
-                f"data.{which}_split {split_name(cfg, which)!r} has no usable examples ({report.summary()})"
-            )
+            raise no_usable_examples(which, report)
         splits.append(examples)
     return splits[0], splits[1]
