@@ -30,6 +30,9 @@ TINY_49K = [*TINY, "model.tokenizer_from=smollm2_135m"]
 # temperature 10: near-uniform sampling, so (as the random tiny model's) every response runs to max_new_tokens and
 # step 2 meets the worst shapes with the optimizer states allocated (AdamW creates them at step 1's update)
 SMOL = ["model=smollm2_135m", "data.prompts_per_step=2", "rollout.group_size=2", "rollout.temperature=10"]
+# the main job's model and batch (8 prompts x 4 x 32 tokens, one 32-sequence micro-batch), 3 steps; temperature 10 as
+# above, so every step meets the worst shapes
+MAIN = ["model=smollm2_135m", "rollout.temperature=10", "trainer.max_steps=3"]
 # (label, model overrides, ZeRO stage, processes, max_new_tokens, activation checkpointing, other overrides)
 ROWS = [
     ("tiny", TINY, 0, 1, 32, False, []),
@@ -43,6 +46,11 @@ ROWS = [
     ("135M", SMOL, 0, 1, 64, True, []),
     ("135M", SMOL, 2, 2, 32, False, []),
     ("135M", SMOL, 3, 2, 32, True, []),
+    ("135M main", MAIN, 0, 1, 32, False, []),
+    ("135M main", MAIN, 0, 1, 32, False, ["model.lora.rank=8"]),
+    ("135M main", MAIN, 0, 1, 32, True, []),
+    ("135M main", MAIN, 0, 1, 32, False, ["rollout.group_size=8"]),
+    ("135M main", MAIN, 2, 2, 32, False, []),
 ]
 
 

@@ -23,7 +23,8 @@ def test_json_holds_the_total_and_every_part(capsys):
     parts = out["parts"]
     assert out["parameters"] == TINY_PARAMS
     assert parts["policy weights"]["bytes"] == 4 * TINY_PARAMS
-    assert parts["gradients"]["bytes"] == 4 * TINY_PARAMS
+    # one micro-batch per step at ZeRO 0: beside the activations only the output layer's gradient (259 x 64, fp32)
+    assert parts["gradients"]["bytes"] == 259 * 64 * 4
     assert parts["optimizer states"]["bytes"] == 8 * TINY_PARAMS
     assert parts["fp32 master weights"]["bytes"] == 0
     assert parts["KL reference"]["bytes"] == 4 * TINY_PARAMS  # GRPO's beta = 0.04
@@ -31,7 +32,7 @@ def test_json_holds_the_total_and_every_part(capsys):
                 for phase in ("always", "generation", "update")}
     assert out["total_bytes"] == by_phase["always"] + max(by_phase["generation"], by_phase["update"])
     assert out["shapes"] == {"world": 1, "prompt_tokens": 40, "new_tokens": 32, "rollout_rows": 32, "micro_rows": 32,
-                             "micro_groups": 8}
+                             "micro_groups": 8, "micro_batches": 1}
     assert out["fits"] is None  # no device given, no CUDA device here
 
 

@@ -137,3 +137,22 @@ def test_head_recompute_keeps_one_chunk():
     recomputed = P.head_chunks(ARCH, response_tokens=4096, chunk_tokens=512, recompute=True, entropy_grad=False)
     assert recomputed.bytes == 4 * 512 * 1000 * 4  # four chunk x vocabulary fp32 tensors
     assert kept.bytes == 3 * 512 * 1000 * 4 + 4096 * 1000 * 4  # three, and every token's fp32 logits
+
+
+def test_zero0_gradients_replace_the_activations_during_one_backward():
+    # large activations: only the output layer's gradient is written beside them
+    assert P.gradients_in_backward(1000, 4, output_layer=100, activations_and_head=10**6).bytes == 100
+    # small ones: after the backward, the gradients and DeepSpeed's flat all-reduce copy of them
+    assert P.gradients_in_backward(1000, 4, output_layer=100, activations_and_head=500).bytes == 2 * 1000 * 4 - 500
+    big = 2 * P.ALLREDUCE_BUCKET
+    assert P.gradients_in_backward(big, 2, 0, 0).bytes == (big + P.ALLREDUCE_BUCKET) * 2
+
+
+def test_gradients_accumulated_over_micro_batches_sit_beside_the_activations():
+    from tokenpo.plan.cli import compose_train_config
+    from tokenpo.plan.memory import build_plan
+
+    # 8 prompts x 8 responses in micro-batches of 32: two backward passes per optimizer step
+    plan = build_plan(compose_train_config(["model=tiny", "rollout.group_size=8"]), 1, prompt_tokens=40, device="cpu")
+    assert plan.shapes.micro_batches == 2
+    assert next(part.bytes for part in plan.parts if part.name == "gradients") == 4 * plan.params

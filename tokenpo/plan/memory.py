@@ -35,6 +35,7 @@ class Shapes:
     rollout_rows: int  # sequences one process generates at once
     micro_rows: int  # sequences of the largest micro-batch
     micro_groups: int  # prompts (groups) of the largest micro-batch
+    micro_batches: int  # micro-batches of one optimizer step on one process (gradients accumulate over them)
 
 
 @dataclass
@@ -110,7 +111,8 @@ def run_shapes(cfg: TrainConfig, world: int, prompt_tokens: int | None) -> Shape
     groups_per_update = max(1, cfg.data.prompts_per_step // (world * cfg.trainer.mini_batches))
     micro_groups = min(max(1, cfg.trainer.micro_batch_size // g), groups_per_update)
     return Shapes(world=world, prompt_tokens=prompt, new_tokens=cfg.rollout.max_new_tokens,
-                  rollout_rows=math.ceil(drawn / world) * g, micro_rows=micro_groups * g, micro_groups=micro_groups)
+                  rollout_rows=math.ceil(drawn / world) * g, micro_rows=micro_groups * g, micro_groups=micro_groups,
+                  micro_batches=math.ceil(groups_per_update / micro_groups))
 
 
 def build_plan(cfg: TrainConfig, world: int, device_memory: int | None = None, prompt_tokens: int | None = None,
@@ -149,10 +151,16 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
     rollout_at = len(parts)  # where the rollout part is listed
     if rollout.engine == "hf":
         parts.append(P.hf_rollout(arch, shapes.rollout_rows, shapes.prompt_tokens, shapes.new_tokens, elem))
-    parts.append(P.activations(arch, shapes.micro_rows, shapes.micro_groups, shapes.prompt_tokens,
-                               shapes.new_tokens, elem, cfg.model.gradient_checkpointing))
-    parts.append(P.head_chunks(arch, shapes.micro_rows * shapes.new_tokens, cfg.trainer.logit_chunk_tokens,
-                               cfg.trainer.recompute_head, alg.needs_entropy_grad(cfg.algorithm)))
+    activations = P.activations(arch, shapes.micro_rows, shapes.micro_groups, shapes.prompt_tokens,
+                                shapes.new_tokens, elem, cfg.model.gradient_checkpointing)
+    head = P.head_chunks(arch, shapes.micro_rows * shapes.new_tokens, cfg.trainer.logit_chunk_tokens,
+                         cfg.trainer.recompute_head, alg.needs_entropy_grad(cfg.algorithm))
+    parts += [activations, head]
+    if ds.stage == 0 and shapes.micro_batches == 1:
+        # one backward per optimizer step: its gradients replace the activations layer by layer (P.gradients_in_backward)
+        at = next(i for i, part in enumerate(parts) if part.name == "gradients")
+        output_layer = 0 if lora else arch.vocab_size * arch.hidden_size * elem
+        parts[at] = P.gradients_in_backward(trainable, elem, output_layer, activations.bytes + head.bytes)
     parts += P.zero3_gather(params, elem, ds.stage, world, ds.stage3_prefetch_bucket_size,
                             ds.stage3_max_live_parameters, rollout.engine == "hf")
     if rollout.engine == "vllm":

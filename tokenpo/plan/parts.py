@@ -56,6 +56,20 @@ def gradients(params: int, elem: int, stage: int, world: int, reduce_bucket: int
     return Part("gradients", params * elem, UPDATE, "full")
 
 
+# elements DeepSpeed's ZeRO-0 all-reduce flattens at a time (deepspeed.runtime.engine MEMORY_OPT_ALLREDUCE_SIZE)
+ALLREDUCE_BUCKET = 500_000_000
+
+
+def gradients_in_backward(params: int, elem: int, output_layer: int, activations_and_head: int) -> Part:
+    """ZeRO 0, one micro-batch per optimizer step: the backward pass writes each layer's gradients as it frees that
+    layer's activations, so beside the activations and the head there is only the first gradient written, the output
+    layer's (`output_layer` bytes); after it the gradients are whole and DeepSpeed's all-reduce (also on one process)
+    flattens a copy of up to ALLREDUCE_BUCKET of them. The part is what that adds to the activations and head's peak."""
+    after_backward = (params + min(params, ALLREDUCE_BUCKET)) * elem
+    return Part("gradients", max(output_layer, after_backward - activations_and_head), UPDATE,
+                "full; written as the backward frees the activations, then one flat all-reduce copy")
+
+
 def optimizer_states(params: int, stage: int, world: int, offload_optimizer: bool) -> Part:
     """AdamW's exp_avg and exp_avg_sq in fp32."""
     held = params if stage == 0 else shard(params, world)
