@@ -1,9 +1,10 @@
 """ZeRO-3 + LoRA + activation checkpointing + trainer.recompute_head on 2 processes (gloo, CPU), end to end: a run
 stopped after step 2 and resumed logs what an uninterrupted 3-step run logs, and both recomputations give what the
-plain backward gives (zero3_lora_ranks.py runs them)."""
+plain backward gives; a checkpoint folder loads partitioned under ZeRO-3 (zero3_lora_ranks.py runs them)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,8 @@ def test_checkpointing_and_the_recomputed_head_match_the_plain_backward(runs):
         for key in w:
             # the checkpointed pass repeats each prompt instead of sharing its KV cache: float summation order only
             assert g[key] == pytest.approx(w[key], rel=1e-4, abs=1e-6), (step, key)
+
+
+def test_a_checkpoint_folder_loads_partitioned_with_its_weights(runs):
+    report = json.loads((runs / "pretrained.json").read_text())
+    assert report == {"sharded": True, "equal": True, "zero3_left_set": False}
