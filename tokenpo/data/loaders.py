@@ -239,6 +239,7 @@ def check_local_files(cfg: DataConfig) -> None:
         if not head:
             raise ConfigError(f"data.path {source} holds no rows")
         examples, report = table_examples(head, spec, cfg, split, source)
+        # a shorter head is the whole file: its load would find nothing to train or evaluate on
         if not examples and len(head) < CHECKED_ROWS:
             raise no_usable_examples(which, report)
 
