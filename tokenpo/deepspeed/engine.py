@@ -82,8 +82,9 @@ def forward_in_engine(model, fn, *args, **kwargs):
 
 @dataclass(frozen=True)
 class PartitionedLoading:
-    """How `load_model` builds a model under ZeRO-3: partitioned over the ranks as it loads, so that no rank holds
-    the whole model and then a partition of it (DeepSpeed's `zero.Init`). `config`: the engine's DeepSpeed JSON."""
+    """How `load_model` builds a model under ZeRO-3: partitioned over the ranks as it loads (DeepSpeed's `zero.Init`),
+    instead of every rank loading the whole model (and a whole copy for the reference) that the engine then
+    partitions. `config`: the engine's DeepSpeed JSON."""
 
     config: dict
 
