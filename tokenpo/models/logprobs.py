@@ -110,6 +110,15 @@ def _repeated_prompt_hidden(model, prompt_ids, prompt_mask, response_ids, respon
     return hidden[:, prompt_ids.shape[1] - 1 : -1]
 
 
+def per_row(prompt_tensor: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """`prompt_tensor`'s entry of each row's group (`groups` repeats each prompt up to G times). index_select, not
+    `prompt_tensor[groups]`: the backward of indexing sums the G rows' gradients with parallel atomic adds on CPU
+    (index_put_ accumulate above 32768 elements, 2+ threads), in an order that depends on thread timing, so
+    identical runs under load differed from the first update on (issue 28); index_select's backward (index_add_)
+    adds them in row order on CPU, and is ~4x faster here. On CUDA both use atomics (not bitwise deterministic)."""
+    return prompt_tensor.index_select(0, groups)
+
+
 def _bucket_hidden(decoder, prompt_last, prompt_kv, prompt_mask, response_embeds, response_mask, rows,
                    length: int):
     """Hidden states [rows, length, H] predicting response tokens 0..length-1 of `rows` (row indices of
@@ -155,7 +164,8 @@ def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, r
         length = max(lengths[row] for row in bucket)
         rows = torch.tensor(bucket, device=real.device)
         groups = rows // group_size
-        hidden = _bucket_hidden(decoder, prompt_last[groups], [(k[groups], v[groups]) for k, v in prompt_kv],
+        hidden = _bucket_hidden(decoder, per_row(prompt_last, groups),
+                                [(per_row(k, groups), per_row(v, groups)) for k, v in prompt_kv],
                                 prompt_mask[groups], response_embeds, response_mask, rows, length)
         where = real[rows, :length]
         bucket_rows, cols = where.nonzero(as_tuple=True)
