@@ -77,7 +77,7 @@ def test_the_refusal_says_why_in_one_line():
         check_supported_versions(faked(deepspeed="0.19.3"))
     assert str(err.value) == (
         "deepspeed 0.19.3 is not supported (needs >=0.19.5,<0.20: older releases ignore managed_gradient_accumulation, "
-        "and ZeRO-2 then keeps only the last micro-batch's gradient; 0.19.4 refuses it with ZeRO offload); "
+        "and ZeRO-1 and ZeRO-2 then keep only the last micro-batch's gradient; 0.19.4 refuses it with ZeRO offload); "
         "pip install 'deepspeed>=0.19.5,<0.20'")
     with pytest.raises(ConfigError) as err:
         check_supported_versions(faked(peft="0.17.1"))

@@ -39,8 +39,8 @@ class SupportedRange:
 
 DEEPSPEED = SupportedRange(
     "deepspeed", "0.19.5", "0.20",
-    "older releases ignore managed_gradient_accumulation, and ZeRO-2 then keeps only the last micro-batch's gradient; "
-    "0.19.4 refuses it with ZeRO offload")
+    "older releases ignore managed_gradient_accumulation, and ZeRO-1 and ZeRO-2 then keep only the last micro-batch's "
+    "gradient; 0.19.4 refuses it with ZeRO offload")
 PEFT = SupportedRange(
     "peft", "0.18.0", "0.22",
     "older releases do not import under transformers 5 (they import its removed HybridCache)")
@@ -59,10 +59,10 @@ def unsupported_reason(supported: SupportedRange, installed: str) -> str | None:
             f"pip install '{supported.package}{supported.specifier}'")
 
 
-def check_supported_versions(installed_version: Callable[[str], str] = version,
-                             supported: tuple[SupportedRange, ...] = SUPPORTED) -> None:
-    """Raise ConfigError naming the first package that is missing or outside its supported range."""
-    for each in supported:
+def check_supported_versions(installed_version: Callable[[str], str] = version) -> None:
+    """Raise ConfigError naming the first package that is missing or outside its supported range
+    (`installed_version`: importlib.metadata's, which reads the version without importing the package)."""
+    for each in SUPPORTED:
         try:
             installed = installed_version(each.package)
         except PackageNotFoundError:
