@@ -230,10 +230,12 @@ def start_error(tmp_path: Path, *overrides: str, env: dict | None = None) -> str
 
 @pytest.mark.parametrize("overrides", [["model=tiny"], ["model=tiny", "trainer.nproc=2", "deepspeed=zero3"],
                                        ["model=tiny", "rollout=vllm"]])
-def test_every_start_up_check_passes_before_torch_transformers_or_deepspeed_is_imported(tmp_path, overrides):
+def test_every_start_up_check_passes_before_deepspeed_is_imported(tmp_path, overrides):
     proc = guarded_train(tmp_path, *overrides)
     assert "HEAVY WORK STARTED" in proc.stderr, proc.stderr  # validation finished: the run was about to start
-    assert heavy_imports(proc) == []
+    # the last checks (context length, memory plan) load the tokenizer and data for the run's real prompt lengths
+    # (tokenpo.plan.context): transformers and torch, no weights; every earlier check imports neither
+    assert set(heavy_imports(proc)) <= {"torch", "transformers"}
 
 
 @pytest.mark.parametrize(("option", "choices"), [
