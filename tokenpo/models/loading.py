@@ -126,6 +126,8 @@ def load_model(cfg: ModelConfig, seed: int = 0, partitioned: PartitionedLoading 
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     if cfg.lora.enabled:
         model = wrap_lora(model, cfg.lora)
+    # from_pretrained returns eval mode, in which transformers skips gradient checkpointing (and dropout) silently
+    model.train()
     return tokenizer, model
 
 
