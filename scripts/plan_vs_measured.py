@@ -5,8 +5,11 @@ max_new_tokens, the largest micro-batch), in fresh processes (trainer.nproc of t
 peak resident memory (VmHWM, reset after the heavy imports and the config's composition) minus its resident
 memory then, so the libraries' own memory is left out; the plan is computed for the prompt length the worst-case pass met.
 
-    .venv/bin/python scripts/plan_vs_measured.py                # the table (45 min here on 2 shared cores)
+    .venv/bin/python scripts/plan_vs_measured.py                # the table (about 1.5 h here on 2 shared cores)
     .venv/bin/python scripts/plan_vs_measured.py --rows 0,3     # some rows
+    .venv/bin/python scripts/plan_vs_measured.py --rows 11,12,13,14 --json out.json   # the main job's shapes (~10 min a row)
+
+A row's JSON keeps each rank's whole-process peak (`peak`, libraries included) beside the measured figure.
 """
 
 from __future__ import annotations
