@@ -30,7 +30,8 @@ def repeated_index_gathers(logp: torch.Tensor) -> list[str]:
         if type(node).__name__ != "IndexBackward0":
             continue
         # x[rows, cols] gathers position (rows[i], cols[i]): a repeat is a repeated pair, not a repeated row
-        indices = [index.flatten() for index in torch.broadcast_tensors(*(i for i in node._saved_indices if i is not None))]
+        given = [index for index in node._saved_indices if index is not None]
+        indices = [index.flatten() for index in torch.broadcast_tensors(*given)]
         positions = torch.stack(indices, 1)
         if positions.unique(dim=0).shape[0] < positions.shape[0]:
             found.append(f"{tuple(node._saved_self_sym_sizes)} indexed by {[i.tolist() for i in indices]}")
