@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from tokenpo import CONF_DIR
 from tokenpo.config import build_config
 from tokenpo.errors import ConfigError
-from tokenpo.plan.context import check_run_context, run_prompt_lengths
+from tokenpo.plan.context import check_run_context, resolved_max_model_len, run_prompt_lengths
 from tokenpo.plan.memory import check_memory_plan
 from tokenpo.preflight import check_command_line, check_inputs
 from tokenpo.trainer import rundir
@@ -126,11 +126,9 @@ def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
     check_inputs(cfg, run_dir)
     # the data and tokenizer (seconds, no weights): the real prompt lengths for the context check and the memory plan
     prompts = run_prompt_lengths(cfg)
-    longest = check_run_context(cfg, prompts)
-    if longest is not None and cfg.rollout.engine == "vllm" and cfg.rollout.vllm.max_model_len is None:
-        # vLLM would take the model's whole context; the run's own longest sequence is what it must hold (workers
-        # read the tree)
-        tree.rollout.vllm.max_model_len = cfg.rollout.vllm.max_model_len = longest
+    max_model_len = resolved_max_model_len(cfg.rollout, check_run_context(cfg, prompts))
+    if max_model_len != cfg.rollout.vllm.max_model_len:  # vLLM's, null: workers read the tree
+        tree.rollout.vllm.max_model_len = cfg.rollout.vllm.max_model_len = max_model_len
     check_memory_plan(cfg, max(world, cfg.trainer.nproc), prompts.train)
     if rank0:
         if in_sweep:

@@ -11,7 +11,8 @@ from tokenpo.errors import ConfigError
 from tokenpo.models.loading import tiny_tokenizer
 from tokenpo.plan.architecture import architecture_from_config, context_length
 from tokenpo.plan.cli import compose_train_config
-from tokenpo.plan.context import Budget, PromptLengths, check_context, generation_budgets, run_prompt_lengths
+from tokenpo.plan.context import (Budget, PromptLengths, check_context, generation_budgets, resolved_max_model_len,
+                                  run_prompt_lengths)
 
 from test_train_cli import guarded_train
 
@@ -82,3 +83,12 @@ def test_the_tiny_model_with_4000_new_tokens_stops_at_start_up(tmp_path):
     assert len(errors) == 1
     assert errors[0].startswith("tokenpo: error: context: the longest prompt (")
     assert "+ rollout.max_new_tokens=4000 = " in errors[0] and "exceed the model's 2048 positions (model.tiny)" in errors[0]
+
+
+def test_a_null_vllm_max_model_len_becomes_the_runs_longest_sequence():
+    vllm = compose_train_config(["model=tiny", "rollout=vllm"]).rollout
+    assert vllm.vllm.max_model_len is None
+    assert resolved_max_model_len(vllm, 114) == 114
+    assert resolved_max_model_len(compose_train_config(["model=tiny", "rollout=vllm",
+                                                        "rollout.vllm.max_model_len=512"]).rollout, 114) == 512
+    assert resolved_max_model_len(compose_train_config(["model=tiny"]).rollout, 114) is None  # hf: no such limit

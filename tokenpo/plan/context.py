@@ -109,3 +109,12 @@ def check_run_context(cfg: TrainConfig, prompts: PromptLengths) -> int | None:
         return None
     max_model_len = cfg.rollout.vllm.max_model_len if cfg.rollout.engine == "vllm" else None
     return check_context(generation_budgets(cfg, prompts), arch.context_length, where, max_model_len)
+
+
+def resolved_max_model_len(rollout, longest: int | None) -> int | None:
+    """rollout.vllm.max_model_len to run with: as set; null (vLLM) becomes the run's longest sequence, as verl sets
+    max_model_len from its prompt and response lengths, so vLLM never stops a response where the model's whole
+    context (its default) would leave less room than the check allowed for."""
+    if rollout.engine != "vllm" or rollout.vllm.max_model_len is not None or longest is None:
+        return rollout.vllm.max_model_len
+    return longest
