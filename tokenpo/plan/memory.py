@@ -109,10 +109,16 @@ def run_shapes(cfg: TrainConfig, world: int, prompt_tokens: int | None) -> Shape
     if ds.enabled:
         drawn = alg.prompts_per_round(drawn, ds.oversample, world)
     groups_per_update = max(1, cfg.data.prompts_per_step // (world * cfg.trainer.mini_batches))
-    micro_groups = min(max(1, cfg.trainer.micro_batch_size // g), groups_per_update)
+    rows = cfg.trainer.micro_batch_size
+    if rows < g:
+        # below a group a micro-batch is a slice of one group's rows, its prompt run once: ceil(G / rows) per group
+        micro_groups, micro_rows, micro_batches = 1, rows, groups_per_update * math.ceil(g / rows)
+    else:
+        micro_groups = min(rows // g, groups_per_update)
+        micro_rows, micro_batches = micro_groups * g, math.ceil(groups_per_update / micro_groups)
     return Shapes(world=world, prompt_tokens=prompt, new_tokens=cfg.rollout.max_new_tokens,
-                  rollout_rows=math.ceil(drawn / world) * g, micro_rows=micro_groups * g, micro_groups=micro_groups,
-                  micro_batches=math.ceil(groups_per_update / micro_groups))
+                  rollout_rows=math.ceil(drawn / world) * g, micro_rows=micro_rows, micro_groups=micro_groups,
+                  micro_batches=micro_batches)
 
 
 def build_plan(cfg: TrainConfig, world: int, device_memory: int | None = None, prompt_tokens: int | None = None,

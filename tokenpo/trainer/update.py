@@ -19,7 +19,7 @@ from tokenpo.deepspeed.engine import forward_in_engine
 from tokenpo.models.logprobs import response_logprobs
 from tokenpo.models.modes import no_dropout
 from tokenpo.rewards import CORRECT, GOLD_INVALID, format_reward
-from tokenpo.trainer.batch import group_micro_batches, pad_groups, pad_to
+from tokenpo.trainer.batch import MicroBatch, group_micro_batches, pad_groups, pad_to
 from tokenpo.trainer.rollouts import StepRollouts
 
 
@@ -49,20 +49,16 @@ def local_groups(num_groups: int) -> list[int]:
     return list(range(dist.rank(), num_groups, dist.world_size()))
 
 
-def rows_of(groups: list[int], group_size: int) -> list[int]:
-    return [g * group_size + j for g in groups for j in range(group_size)]
-
-
-def group_forward(ctx, model, rollouts: StepRollouts, groups: list[int], *, with_entropy: bool,
+def group_forward(ctx, model, rollouts: StepRollouts, micro: MicroBatch, *, with_entropy: bool,
                   entropy_grad: bool = False, recompute_head: bool = False):
-    """Rows, padded tokens, log-probs [b, T] and entropy of the given groups in one pass."""
-    g = rollouts.group_size
-    rows = rows_of(groups, g)
-    tokens = pad_groups([rollouts.prompt_ids[i] for i in groups], [rollouts.response_ids[i] for i in rows],
+    """Rows, padded tokens, log-probs [b, T] and entropy of one micro-batch's rows in one pass (each of its
+    prompts once, for its rows of the micro-batch)."""
+    rows = micro.rows
+    tokens = pad_groups([rollouts.prompt_ids[i] for i in micro.groups], [rollouts.response_ids[i] for i in rows],
                         ctx.tokenizer.pad_token_id, ctx.device)
     logp, entropy = forward_in_engine(
         model, response_logprobs, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids, tokens.response_mask,
-        group_size=g, temperature=ctx.logprob_temperature(), chunk_tokens=ctx.cfg.trainer.logit_chunk_tokens,
+        group_size=micro.rows_per_prompt, temperature=ctx.logprob_temperature(), chunk_tokens=ctx.cfg.trainer.logit_chunk_tokens,
         with_entropy=with_entropy, entropy_grad=entropy_grad, recompute_head=recompute_head)
     return rows, tokens, logp, entropy
 
@@ -70,8 +66,8 @@ def group_forward(ctx, model, rollouts: StepRollouts, groups: list[int], *, with
 def forward_groups(ctx, model, rollouts: StepRollouts, groups: list[int], longest: list[int], *, with_entropy: bool):
     """Per-row log-probs and entropy (dicts of 1-D CPU tensors) of the given groups, in micro-batches."""
     logps, entropies = {}, {}
-    for chunk in group_micro_batches(groups, longest, ctx.cfg.trainer.micro_batch_size, rollouts.group_size):
-        rows, tokens, logp, entropy = group_forward(ctx, model, rollouts, chunk, with_entropy=with_entropy)
+    for micro in group_micro_batches(groups, longest, ctx.cfg.trainer.micro_batch_size, rollouts.group_size):
+        rows, tokens, logp, entropy = group_forward(ctx, model, rollouts, micro, with_entropy=with_entropy)
         for k, i in enumerate(rows):
             n = int(tokens.response_mask[k].sum())
             logps[i] = logp[k, :n].cpu()
@@ -149,8 +145,8 @@ def train_on_rollouts(ctx, rollouts: StepRollouts, timings) -> dict[str, float]:
     with timings("update"):
         for mini_batch, lo in enumerate(range(0, num_groups, groups_per_mini)):
             mini = range(lo, lo + groups_per_mini)
-            for chunk in group_micro_batches([i for i in mine if i in mini], longest, cfg.trainer.micro_batch_size, g):
-                rows, tokens, logp, entropy = group_forward(ctx, ctx.policy, rollouts, chunk, with_entropy=True,
+            for micro in group_micro_batches([i for i in mine if i in mini], longest, cfg.trainer.micro_batch_size, g):
+                rows, tokens, logp, entropy = group_forward(ctx, ctx.policy, rollouts, micro, with_entropy=True,
                                                             entropy_grad=alg.needs_entropy_grad(acfg),
                                                             recompute_head=cfg.trainer.recompute_head)
                 cols = logp.shape[1]

@@ -21,6 +21,7 @@ from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
 from tokenpo.plan.memory import Shapes, build_plan, device_type, memory_limit, run_shapes
 from tokenpo.plan.units import format_bytes
+from tokenpo.trainer.batch import group_micro_batches
 from tokenpo.trainer.rollouts import StepRollouts
 from tokenpo.trainer.update import forward_groups, group_forward, needs_old_logprobs
 
@@ -34,7 +35,7 @@ def worst_case_enabled(cfg, device: torch.device) -> bool:
 
 
 def worst_case_rollouts(ctx, examples, shapes: Shapes) -> StepRollouts:
-    """The largest micro-batch: the `micro_groups` longest training prompts, each with G responses of
+    """The largest micro-batch's groups: the `micro_groups` longest training prompts, each with G responses of
     max_new_tokens tokens (their ids do not matter for memory: the first prompt's first token)."""
     prompts = sorted((ctx.prompt_ids(example) for example in examples), key=len, reverse=True)[: shapes.micro_groups]
     g = ctx.cfg.rollout.group_size
@@ -63,14 +64,16 @@ def run_worst_case(ctx, examples) -> Shapes:
             if alg.needs_reference(cfg.algorithm):
                 with ctx.reference_model() as reference:
                     forward_groups(ctx, reference, rollouts, groups, longest, with_entropy=False)
-        _, _, logp, entropy = group_forward(ctx, ctx.policy, rollouts, groups, with_entropy=True,
+        # every micro-batch here has the same shapes: the first is the largest one
+        largest = group_micro_batches(groups, longest, cfg.trainer.micro_batch_size, cfg.rollout.group_size)[0]
+        _, _, logp, entropy = group_forward(ctx, ctx.policy, rollouts, largest, with_entropy=True,
                                             entropy_grad=alg.needs_entropy_grad(cfg.algorithm),
                                             recompute_head=cfg.trainer.recompute_head)
         loss = logp.sum() + (entropy.sum() if entropy is not None and entropy.requires_grad else 0.0)
         ctx.policy.backward(loss * 0.0, scale_wrt_gas=False)
     peak = f", peak CUDA memory {format_bytes(torch.cuda.max_memory_allocated(ctx.device))}" if devices else ""
     log.info("worst case first: forward + backward of %d sequences x (%d + %d) tokens in %.1f s%s",
-             len(rollouts.response_ids), shapes.prompt_tokens, shapes.new_tokens, time.perf_counter() - start, peak)
+             len(largest.rows), shapes.prompt_tokens, shapes.new_tokens, time.perf_counter() - start, peak)
     return shapes
 
 

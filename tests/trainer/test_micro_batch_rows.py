@@ -1,0 +1,140 @@
+"""A micro-batch below a group (trainer.micro_batch_size < rollout.group_size) splits the group's rows over several
+forward/backward passes (tokenpo.trainer.batch.group_micro_batches) and leaves the update unchanged: group
+statistics and loss normalisers come from the whole batch before the micro-batch loop."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from multiproc_util import SMALL, compose_config
+
+from tokenpo.data import Example
+from tokenpo.models.loading import load_model
+from tokenpo.plan.memory import with_values
+from tokenpo.rewards import CORRECT, WRONG
+from tokenpo.trainer import update
+from tokenpo.trainer.batch import MicroBatch, group_micro_batches
+from tokenpo.trainer.context import RunContext, Timings
+from tokenpo.trainer.rollouts import StepRollouts
+
+ALGORITHMS = ("grpo", "dapo", "tepo", "gtpo", "grpo_s", "dr_grpo", "gspo")
+GROUPS, GROUP_SIZE, MAX_NEW = 4, 4, 8
+# every group mixed, so every row has a non-zero advantage
+VERDICTS = [[CORRECT, WRONG, WRONG, CORRECT], [WRONG, CORRECT, WRONG, WRONG], [CORRECT, CORRECT, WRONG, CORRECT],
+            [WRONG, WRONG, CORRECT, WRONG]]
+LR = 0.05  # SGD on the recorded gradient: the second mini-batch is off-policy, so ratios and clipping act
+# fp32 sums in another order: the gradients agree to float rounding
+ATOL, RTOL = 1e-6, 1e-5
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread, as SMALL's trainer.threads=1 gives train(): on these tiny tensors more threads only
+    contend (10x slower on 2 busy cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class RecordingEngine:
+    """Stands in for the DeepSpeed engine: backward adds gradients up, step records them and takes an SGD step."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self.gradients: list[dict[str, torch.Tensor]] = []
+
+    def __getattr__(self, name):  # forward_in_engine runs the pass on the engine itself, as on the model
+        return getattr(self.module, name)
+
+    def backward(self, loss: torch.Tensor, scale_wrt_gas: bool) -> None:
+        loss.backward()
+
+    def step(self) -> None:
+        params = dict(self.module.named_parameters())
+        self.gradients.append({name: p.grad.clone() for name, p in params.items() if p.grad is not None})
+        with torch.no_grad():
+            for p in params.values():
+                if p.grad is not None:
+                    p -= LR * p.grad
+                    p.grad = None
+
+    def get_global_grad_norm(self) -> None:
+        return None
+
+    def get_lr(self) -> list[float]:
+        return [LR]
+
+
+def fixed_rollouts(vocab_size: int) -> StepRollouts:
+    gen = torch.Generator().manual_seed(4321)
+
+    def tokens(low: int, high: int) -> list[int]:
+        length = int(torch.randint(low, high + 1, (1,), generator=gen))
+        return torch.randint(10, vocab_size, (length,), generator=gen).tolist()
+
+    prompts = [tokens(3, 7) for _ in range(GROUPS)]
+    responses = [tokens(1, MAX_NEW) for _ in range(GROUPS * GROUP_SIZE)]
+    return StepRollouts(
+        examples=[Example(uid=f"rows-{i}", problem=f"problem {i}", answer=str(i)) for i in range(GROUPS)],
+        prompt_ids=prompts, response_ids=responses, response_text=[""] * len(responses),
+        truncated=[len(r) == MAX_NEW for r in responses], verdicts=[v for group in VERDICTS for v in group],
+        rounds=1, generated_groups=GROUPS, mixed_groups=GROUPS)
+
+
+def algorithm_setup(algorithm: str):
+    """(config, tokenizer, initial policy, reference) of a step of `algorithm`, composed once for its updates."""
+    cfg, _ = compose_config(SMALL + [f"algorithm={algorithm}", f"data.prompts_per_step={GROUPS}",
+                                     f"rollout.group_size={GROUP_SIZE}", f"rollout.max_new_tokens={MAX_NEW}",
+                                     "trainer.mini_batches=2"])
+    tokenizer, model = load_model(cfg.model, cfg.seed)
+    reference = copy.deepcopy(model).requires_grad_(False)
+    return cfg, tokenizer, model, reference
+
+
+def one_update(tmp_path, monkeypatch, setup, micro_batch_size: int):
+    """(recorded gradients of the step's two updates, rows of each pass with grad, rows of each pass without)."""
+    cfg, tokenizer, model, reference = setup
+    cfg = with_values(cfg, trainer__micro_batch_size=micro_batch_size)
+    policy = RecordingEngine(copy.deepcopy(model))
+    ctx = RunContext.create(cfg, tmp_path, tokenizer, policy, reference, None, None, torch.device("cpu"),
+                            rollout_engine=object())
+    with_grad, without = [], []
+    group_forward = update.group_forward
+
+    def spy(ctx, model, rollouts, micro: MicroBatch, **kwargs):
+        (with_grad if torch.is_grad_enabled() else without).append(len(micro.rows))
+        return group_forward(ctx, model, rollouts, micro, **kwargs)
+
+    monkeypatch.setattr(update, "group_forward", spy)
+    update.train_on_rollouts(ctx, fixed_rollouts(len(tokenizer)), Timings())
+    return policy.gradients, with_grad, without
+
+
+def test_rows_of_a_group_split_into_slices_the_last_one_shorter():
+    longest = [5, 2, 9]
+    assert group_micro_batches([0, 1, 2], longest, 3, 4) == [
+        MicroBatch([1], [4, 5, 6]), MicroBatch([1], [7]), MicroBatch([0], [0, 1, 2]), MicroBatch([0], [3]),
+        MicroBatch([2], [8, 9, 10]), MicroBatch([2], [11])]
+    assert group_micro_batches([0, 1, 2], longest, 8, 4) == [MicroBatch([1, 0], [4, 5, 6, 7, 0, 1, 2, 3]),
+                                                             MicroBatch([2], [8, 9, 10, 11])]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_micro_batches_below_a_group_give_the_whole_group_update(tmp_path, monkeypatch, algorithm):
+    setup = algorithm_setup(algorithm)
+    whole, whole_rows, _ = one_update(tmp_path, monkeypatch, setup, GROUP_SIZE)
+    assert whole_rows == [GROUP_SIZE] * GROUPS  # 2 mini-batches of 2 groups, one group per pass
+    for micro_batch_size, rows in ((1, [1] * GROUP_SIZE), (3, [3, 1])):
+        gradients, with_grad, without = one_update(tmp_path, monkeypatch, setup, micro_batch_size)
+        assert with_grad == rows * GROUPS
+        # the old-policy / reference passes (when the algorithm runs them) use the same slices
+        assert without == rows * GROUPS * (len(without) // (len(rows) * GROUPS)), without
+        assert len(gradients) == len(whole) == 2
+        for got, want in zip(gradients, whole):
+            assert got.keys() == want.keys()
+            assert any(float(g.abs().max()) > 1e-3 for g in want.values())  # the update moves the weights
+            for name in want:
+                torch.testing.assert_close(got[name], want[name], atol=ATOL, rtol=RTOL, msg=f"{algorithm}: {name}")
