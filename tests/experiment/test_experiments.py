@@ -251,11 +251,11 @@ def test_gtpo_paper_setup():
 
 def test_gtpo_32b_setup_keeps_the_7b_protocol_on_the_32b_model():
     cfg, small = load("experiment=paper/gtpo_qwen2_5_32b"), load("experiment=paper/gtpo_qwen2_5_7b")
-    assert (cfg.model.hub_id, cfg.deepspeed.stage, cfg.trainer.micro_batch_size) == ("Qwen/Qwen2.5-32B", 3, 1)
+    assert (cfg.model.hub_id, cfg.deepspeed.stage, cfg.deepspeed.offload_optimizer) == ("Qwen/Qwen2.5-32B", 3, True)
     assert (cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens) == (2048, 4096)
     assert differences(cfg.algorithm, small.algorithm) == {}
     assert differences(cfg.eval, small.eval) == {}
-    assert differences(cfg.trainer, small.trainer) == {"micro_batch_size": 1}
+    assert differences(cfg.trainer, small.trainer) == {}
     cfg.validate_batch(cfg.trainer.nproc)
     grpo_s = load("experiment=paper/grpo_s_qwen2_5_32b")
     assert differences(grpo_s.algorithm, load("algorithm=grpo_s").algorithm) == {}
