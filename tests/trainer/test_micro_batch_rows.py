@@ -14,7 +14,7 @@ from tokenpo.data import Example
 from tokenpo.models.loading import load_model
 from tokenpo.plan.memory import with_values
 from tokenpo.rewards import CORRECT, WRONG
-from tokenpo.trainer import update
+from tokenpo.trainer import update, worst_case
 from tokenpo.trainer.batch import MicroBatch, group_micro_batches
 from tokenpo.trainer.context import RunContext, Timings
 from tokenpo.trainer.rollouts import StepRollouts
@@ -84,6 +84,20 @@ def fixed_rollouts(vocab_size: int) -> StepRollouts:
         rounds=1, generated_groups=GROUPS, mixed_groups=GROUPS)
 
 
+def recorded_rows(monkeypatch, *modules) -> tuple[list[int], list[int]]:
+    """(rows of each pass with grad, rows of each pass without), recorded from the `group_forward` of `modules`."""
+    with_grad, without = [], []
+    group_forward = update.group_forward
+
+    def spy(ctx, model, rollouts, micro: MicroBatch, **kwargs):
+        (with_grad if torch.is_grad_enabled() else without).append(len(micro.rows))
+        return group_forward(ctx, model, rollouts, micro, **kwargs)
+
+    for module in modules:
+        monkeypatch.setattr(module, "group_forward", spy)
+    return with_grad, without
+
+
 def algorithm_setup(algorithm: str):
     """(config, tokenizer, initial policy, reference) of a step of `algorithm`, composed once for its updates."""
     cfg, _ = compose_config(SMALL + [f"algorithm={algorithm}", f"data.prompts_per_step={GROUPS}",
@@ -101,14 +115,7 @@ def one_update(tmp_path, monkeypatch, setup, micro_batch_size: int):
     policy = RecordingEngine(copy.deepcopy(model))
     ctx = RunContext.create(cfg, tmp_path, tokenizer, policy, reference, None, None, torch.device("cpu"),
                             rollout_engine=object())
-    with_grad, without = [], []
-    group_forward = update.group_forward
-
-    def spy(ctx, model, rollouts, micro: MicroBatch, **kwargs):
-        (with_grad if torch.is_grad_enabled() else without).append(len(micro.rows))
-        return group_forward(ctx, model, rollouts, micro, **kwargs)
-
-    monkeypatch.setattr(update, "group_forward", spy)
+    with_grad, without = recorded_rows(monkeypatch, update)
     update.train_on_rollouts(ctx, fixed_rollouts(len(tokenizer)), Timings())
     return policy.gradients, with_grad, without
 
@@ -138,3 +145,17 @@ def test_micro_batches_below_a_group_give_the_whole_group_update(tmp_path, monke
             assert any(float(g.abs().max()) > 1e-3 for g in want.values())  # the update moves the weights
             for name in want:
                 torch.testing.assert_close(got[name], want[name], atol=ATOL, rtol=RTOL, msg=f"{algorithm}: {name}")
+
+
+def test_the_worst_case_pass_trains_the_largest_slice_of_a_group(tmp_path, monkeypatch):
+    """Before step 1 (tokenpo.trainer.worst_case): the no-grad passes in the run's slices, the pass with grad on the
+    largest one (3 of a group's 4 rows), not the whole group."""
+    cfg, tokenizer, model, reference = algorithm_setup("gtpo")
+    cfg = with_values(cfg, trainer__micro_batch_size=3)
+    ctx = RunContext.create(cfg, tmp_path, tokenizer, RecordingEngine(model), reference, None, None,
+                            torch.device("cpu"), rollout_engine=object())
+    with_grad, without = recorded_rows(monkeypatch, update, worst_case)
+    examples = fixed_rollouts(len(tokenizer)).examples
+    shapes = worst_case.run_worst_case(ctx, examples)
+    assert (shapes.micro_rows, shapes.micro_groups) == (3, 1)
+    assert with_grad == [3] and without == [3, 1]  # one prompt's 4 rows: old log-probs and entropy in 3 + 1
