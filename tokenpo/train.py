@@ -103,11 +103,6 @@ def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
         # jobs side by side (joblib, submitit's cpus_per_task) share the cores instead of each taking all of them
         tree.trainer.threads = cfg.trainer.threads = sweep.job_threads(HydraConfig.get().launcher, cfg.trainer.nproc)
     world = job_world(cfg.trainer.nproc)
-    if cfg.trainer.nproc > 1 and world == 1:
-        from tokenpo.deepspeed.dist import visible_cuda_devices
-        from tokenpo.trainer.launch import check_local_devices
-
-        check_local_devices(cfg.trainer.nproc, visible_cuda_devices())
     # before any process starts or loads a model
     cfg.validate_batch(max(world, cfg.trainer.nproc))
     run_dir, name, group = run_identity()
@@ -124,6 +119,12 @@ def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
         if same is False:  # another sweep's run: set aside, never resumed
             resume = "none"
     check_inputs(cfg, run_dir)
+    if cfg.trainer.nproc > 1 and world == 1:
+        # after the checks that need no torch: counting CUDA devices imports it
+        from tokenpo.deepspeed.dist import visible_cuda_devices
+        from tokenpo.trainer.launch import check_local_devices
+
+        check_local_devices(cfg.trainer.nproc, visible_cuda_devices())
     # the data and tokenizer (seconds, no weights): the real prompt lengths for the context check and the memory plan
     prompts = run_prompt_lengths(cfg)
     max_model_len = resolved_max_model_len(cfg.rollout, check_run_context(cfg, prompts))

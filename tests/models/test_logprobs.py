@@ -95,7 +95,10 @@ def test_gradients_match_full_forward(model, recompute_head, chunk_tokens):
     got = parameter_grads(model, logp)
     assert want.keys() == got.keys()
     for name in want:
-        torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4, msg=name)
+        # fp32 sums in another order: an error of about 1e-6 of the gradient's scale (the embedding's reaches 13, so
+        # its near-zero entries differ by ~4e-5); a token in a wrong slot moves entries by the scale itself
+        scale = max(1.0, float(want[name].abs().max()))
+        torch.testing.assert_close(got[name], want[name], atol=1e-5 * scale, rtol=1e-4, msg=name)
     assert any(g.abs().sum() > 0 for g in got.values())
 
 
@@ -110,7 +113,10 @@ def test_entropy_gradient_matches_autograd_through_the_full_softmax(model, recom
     torch.testing.assert_close(entropy.detach(), want_entropy.detach(), atol=1e-5, rtol=0)
     got = parameter_grads(model, entropy)
     for name in want:
-        torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4, msg=name)
+        # fp32 sums in another order: an error of about 1e-6 of the gradient's scale (the embedding's reaches 13, so
+        # its near-zero entries differ by ~4e-5); a token in a wrong slot moves entries by the scale itself
+        scale = max(1.0, float(want[name].abs().max()))
+        torch.testing.assert_close(got[name], want[name], atol=1e-5 * scale, rtol=1e-4, msg=name)
     # the tied embedding (head) and the first layer (through the shared prompt pass) both get a gradient
     first_layer = "model.layers.0.self_attn.q_proj.weight"
     assert got["model.embed_tokens.weight"].abs().sum() > 0 and got[first_layer].abs().sum() > 0
@@ -135,7 +141,10 @@ def test_gradient_checkpointing_path_matches(model):
     torch.testing.assert_close(entropy, want_entropy, atol=1e-5, rtol=0)
     got = parameter_grads(model, logp)
     for name in want:
-        torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4, msg=name)
+        # fp32 sums in another order: an error of about 1e-6 of the gradient's scale (the embedding's reaches 13, so
+        # its near-zero entries differ by ~4e-5); a token in a wrong slot moves entries by the scale itself
+        scale = max(1.0, float(want[name].abs().max()))
+        torch.testing.assert_close(got[name], want[name], atol=1e-5 * scale, rtol=1e-4, msg=name)
 
 
 @pytest.mark.filterwarnings("error")

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import deepspeed.comm
@@ -64,6 +65,16 @@ def run_ranks(script: Path, args: list[str], nproc: int, log_dir: Path, timeout_
     if status:
         tails = "\n".join(f"--- rank {r} ---\n" + (log_dir / f"rank{r}.log").read_text()[-3000:] for r in range(nproc))
         raise AssertionError(f"{script.name} failed with status {status}\n{tails}")
+
+
+def wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float = 150) -> None:
+    """Until the run writing `metrics` has logged `step`; fails with the run's stderr if it exits first."""
+    deadline = time.monotonic() + timeout
+    while not (metrics.is_file() and any(json.loads(line)["step"] >= step
+                                         for line in metrics.read_text().splitlines() if line.endswith("}"))):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no training step logged in time"
+        time.sleep(0.05)
 
 
 def compose_config(overrides: list[str]):

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from multiproc_util import SMALL, by_step, cli_env, read_metrics
+from multiproc_util import SMALL, by_step, cli_env, read_metrics, wait_for_step
 from transformers import AutoModelForCausalLM
 
 from tokenpo.trainer import launch
@@ -159,15 +159,6 @@ def test_batch_and_process_count_are_checked_before_any_work(tmp_path, extra, en
     errors = [line for line in result.stderr.splitlines() if line.startswith("tokenpo: error:")]
     assert errors == [f"tokenpo: error: {message}"]
     assert not (tmp_path / "run" / "resolved_config.json").exists()
-
-
-def wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float = 150) -> None:
-    deadline = time.monotonic() + timeout
-    while not (metrics.is_file() and any(json.loads(line)["step"] >= step
-                                         for line in metrics.read_text().splitlines() if line.endswith("}"))):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "no training step logged in time"
-        time.sleep(0.1)
 
 
 def assert_exported_policy(final: Path) -> None:

@@ -18,7 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 from hydra.types import RunMode
-from multiproc_util import SMALL, by_step, cli_env, deterministic, in_process_training, read_metrics, train_run
+from multiproc_util import (SMALL, by_step, cli_env, deterministic, in_process_training, read_metrics, train_run,
+                            wait_for_step)
 from omegaconf import OmegaConf
 from submitit.core.job_environment import SignalHandler
 from submitit.core.utils import DelayedSubmission, JobPaths
@@ -206,15 +207,6 @@ def test_sigusr1_to_a_local_job_is_forwarded_to_every_worker(tmp_path, own_signa
         supervised.set()
     assert result == (0, signal.SIGUSR1)
     assert [w.returncode for w in workers] == [0, 0] and time.monotonic() - start < 15
-
-
-def wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float = 150) -> None:
-    deadline = time.monotonic() + timeout
-    while not (metrics.is_file() and any(json.loads(line)["step"] >= step
-                                         for line in metrics.read_text().splitlines() if line.endswith("}"))):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "no training step logged in time"
-        time.sleep(0.05)
 
 
 @pytest.mark.slow

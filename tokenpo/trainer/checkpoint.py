@@ -44,7 +44,6 @@ from tokenpo.trainer.checkpoint_layout import (
     resume_dir_on_disk,
     step_dirs,
     step_of,
-    verify,
 )
 from tokenpo.trainer.rundir import move_aside
 
