@@ -140,7 +140,8 @@ def _bucket_hidden(decoder, prompt_last, prompt_kv, prompt_mask, response_embeds
 def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, response_mask, group_size: int):
     """(hidden [N, H], rows [N], cols [N]): the hidden state predicting each real response token (row, col).
 
-    Prompts [B/G, P] are left-padded, responses [B, T] right-padded. Each prompt runs once and its KV cache
+    Prompts [B/G, P] are left-padded, responses [B, T] right-padded (G = `group_size`: rows per prompt, a whole
+    group's or, for a micro-batch below a group, its slice's). Each prompt runs once and its KV cache
     serves its G responses; gradients flow back through the shared prompt. Responses run in buckets of
     similar length (length_buckets), so short answers are not padded to the longest one of the batch.
     """
