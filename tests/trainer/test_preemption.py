@@ -21,8 +21,11 @@ from hydra.types import RunMode
 from multiproc_util import (SMALL, by_step, cli_env, deterministic, in_process_training, read_metrics, train_run,
                             wait_for_step)
 from omegaconf import OmegaConf
-from submitit.core.job_environment import SignalHandler
-from submitit.core.utils import DelayedSubmission, JobPaths
+
+# the cluster extra (scripts/setup.sh); the vLLM environment, which runs only `-m vllm` tests, has none
+pytest.importorskip("submitit")
+from submitit.core.job_environment import SignalHandler  # noqa: E402
+from submitit.core.utils import DelayedSubmission, JobPaths  # noqa: E402
 
 import tokenpo.train
 from tokenpo.trainer import launch, loop
