@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import zero_ranks
-from multiproc_util import by_step, compose_config, deterministic, read_metrics, run_ranks
+from multiproc_util import by_step, compose_config, deterministic, fixed_rollouts, read_metrics, run_ranks
 from transformers import AutoModelForCausalLM
 
 from tokenpo.trainer.optim import step_lr
@@ -71,7 +71,8 @@ def plain_update(micro: str) -> tuple[dict, dict, list]:
     reference = copy.deepcopy(model).eval().requires_grad_(False)
     ctx = RunContext.create(cfg, Path("."), tokenizer, PlainEngine(model, cfg.trainer), reference, None, None,
                             torch.device("cpu"))
-    metrics = train_on_rollouts(ctx, zero_ranks.fixed_rollouts(len(tokenizer)), Timings())
+    rollouts = fixed_rollouts(len(tokenizer), zero_ranks.VERDICTS, zero_ranks.MAX_NEW, zero_ranks.ROLLOUT_SEED)
+    metrics = train_on_rollouts(ctx, rollouts, Timings())
     return metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}, zero_ranks.sample(ctx)
 
 

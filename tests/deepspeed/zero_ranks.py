@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 
 import torch
-from multiproc_util import SMALL, compose_config, train_run
+from multiproc_util import SMALL, compose_config, fixed_rollouts, train_run
 
-from tokenpo.data import Example
 from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import build_policy_engine, build_reference, partitioned_loading
 from tokenpo.deepspeed.export import export_hf
@@ -26,13 +25,14 @@ from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG
 from tokenpo.rollout.engine import SamplingParams
 from tokenpo.trainer.context import RunContext, Timings
 from tokenpo.trainer.optim import build_optimizer
-from tokenpo.trainer.rollouts import StepRollouts
 from tokenpo.trainer.update import train_on_rollouts
 
 STAGES = ("zero0", "zero1", "zero2", "zero3", "zero3_offload")
 # micro-batch sizes (rows): a rank's whole share of a mini-batch in one pass, or one group of 2 per pass
 MICRO = {"whole": 64, "accumulated": 2}
 GROUPS, GROUP_SIZE, MAX_NEW = 8, 2, 8
+# the fixed batch's prompts and responses (multiproc_util.fixed_rollouts), the same in the one-process reference
+ROLLOUT_SEED = 1234
 # verdicts per group: mixed, all correct (zero advantage), unparsable gold (dropped from the loss), all wrong
 VERDICTS = [[CORRECT, WRONG], [WRONG, CORRECT], [CORRECT, CORRECT], [WRONG, CORRECT],
             [GOLD_INVALID, GOLD_INVALID], [CORRECT, WRONG], [WRONG, WRONG], [CORRECT, WRONG]]
@@ -45,23 +45,6 @@ def update_overrides(stage: str, micro: str) -> list[str]:
     return SMALL + [f"deepspeed={stage}", f"data.prompts_per_step={GROUPS}", f"rollout.group_size={GROUP_SIZE}",
                     "trainer.mini_batches=2", "trainer.max_grad_norm=0.5", "trainer.lr=1e-3",
                     "trainer.warmup_steps=0", f"trainer.micro_batch_size={MICRO[micro]}"]
-
-
-def fixed_rollouts(vocab_size: int) -> StepRollouts:
-    """A step's batch that depends on nothing but a fixed seed: random prompts and responses of varied lengths."""
-    gen = torch.Generator().manual_seed(1234)
-
-    def tokens(low: int, high: int) -> list[int]:
-        length = int(torch.randint(low, high + 1, (1,), generator=gen))
-        return torch.randint(10, vocab_size, (length,), generator=gen).tolist()
-
-    prompts = [tokens(3, 7) for _ in range(GROUPS)]
-    responses = [tokens(1, MAX_NEW) for _ in range(GROUPS * GROUP_SIZE)]
-    return StepRollouts(
-        examples=[Example(uid=f"fixed-{i}", problem=f"problem {i}", answer=str(i)) for i in range(GROUPS)],
-        prompt_ids=prompts, response_ids=responses, response_text=[""] * len(responses),
-        truncated=[len(r) == MAX_NEW for r in responses], verdicts=[v for group in VERDICTS for v in group],
-        rounds=1, generated_groups=GROUPS, mixed_groups=GROUPS)
 
 
 def sample(ctx) -> list[list[int]]:
@@ -88,7 +71,7 @@ def one_update(stage: str, micro: str, out: Path) -> None:
                                 load_initial=lambda: load_model(cfg.model, cfg.seed, partitioned)[1])
     policy = build_policy_engine(model, build_optimizer(model, cfg.trainer), cfg.deepspeed, **sizes)
     ctx = RunContext.create(cfg, out, tokenizer, policy, reference, None, None, dist.device())
-    metrics = train_on_rollouts(ctx, fixed_rollouts(len(tokenizer)), Timings())
+    metrics = train_on_rollouts(ctx, fixed_rollouts(len(tokenizer), VERDICTS, MAX_NEW, ROLLOUT_SEED), Timings())
     tokens = sample(ctx)
     name = f"{stage}-{micro}"
     export_hf(policy, tokenizer, out / name, cfg.deepspeed.stage)

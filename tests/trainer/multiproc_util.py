@@ -19,8 +19,10 @@ from omegaconf import OmegaConf
 
 from tokenpo import CONF_DIR
 from tokenpo.config import build_config
+from tokenpo.data import Example
 from tokenpo.deepspeed.dist import free_port
 from tokenpo.trainer.launch import supervise, worker_env
+from tokenpo.trainer.rollouts import StepRollouts
 
 REPO = Path(__file__).resolve().parents[2]
 # the rank scripts and the test reward function are imported from here in every process
@@ -75,6 +77,25 @@ def wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: flo
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "no training step logged in time"
         time.sleep(0.05)
+
+
+def fixed_rollouts(vocab_size: int, verdicts: list[list], max_new: int, seed: int) -> StepRollouts:
+    """A step's batch that depends on nothing but `seed`: one group per row of `verdicts` (its responses' verdicts),
+    random prompts and responses of varied lengths (1 to `max_new` tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def tokens(low: int, high: int) -> list[int]:
+        length = int(torch.randint(low, high + 1, (1,), generator=gen))
+        return torch.randint(10, vocab_size, (length,), generator=gen).tolist()
+
+    groups = len(verdicts)
+    prompts = [tokens(3, 7) for _ in range(groups)]
+    responses = [tokens(1, max_new) for _ in range(groups * len(verdicts[0]))]
+    return StepRollouts(
+        examples=[Example(uid=f"fixed-{i}", problem=f"problem {i}", answer=str(i)) for i in range(groups)],
+        prompt_ids=prompts, response_ids=responses, response_text=[""] * len(responses),
+        truncated=[len(r) == max_new for r in responses], verdicts=[v for group in verdicts for v in group],
+        rounds=1, generated_groups=groups, mixed_groups=groups)
 
 
 def compose_config(overrides: list[str]):

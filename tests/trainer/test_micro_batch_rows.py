@@ -8,16 +8,14 @@ import copy
 
 import pytest
 import torch
-from multiproc_util import SMALL, compose_config
+from multiproc_util import SMALL, compose_config, fixed_rollouts
 
-from tokenpo.data import Example
 from tokenpo.models.loading import load_model
 from tokenpo.plan.memory import with_values
 from tokenpo.rewards import CORRECT, WRONG
 from tokenpo.trainer import update, worst_case
 from tokenpo.trainer.batch import MicroBatch, group_micro_batches
 from tokenpo.trainer.context import RunContext, Timings
-from tokenpo.trainer.rollouts import StepRollouts
 
 ALGORITHMS = ("grpo", "dapo", "tepo", "gtpo", "grpo_s", "dr_grpo", "gspo")
 GROUPS, GROUP_SIZE, MAX_NEW = 4, 4, 8
@@ -68,22 +66,6 @@ class RecordingEngine:
         return [LR]
 
 
-def fixed_rollouts(vocab_size: int) -> StepRollouts:
-    gen = torch.Generator().manual_seed(4321)
-
-    def tokens(low: int, high: int) -> list[int]:
-        length = int(torch.randint(low, high + 1, (1,), generator=gen))
-        return torch.randint(10, vocab_size, (length,), generator=gen).tolist()
-
-    prompts = [tokens(3, 7) for _ in range(GROUPS)]
-    responses = [tokens(1, MAX_NEW) for _ in range(GROUPS * GROUP_SIZE)]
-    return StepRollouts(
-        examples=[Example(uid=f"rows-{i}", problem=f"problem {i}", answer=str(i)) for i in range(GROUPS)],
-        prompt_ids=prompts, response_ids=responses, response_text=[""] * len(responses),
-        truncated=[len(r) == MAX_NEW for r in responses], verdicts=[v for group in VERDICTS for v in group],
-        rounds=1, generated_groups=GROUPS, mixed_groups=GROUPS)
-
-
 def recorded_rows(monkeypatch, *modules) -> tuple[list[int], list[int]]:
     """(rows of each pass with grad, rows of each pass without), recorded from the `group_forward` of `modules`."""
     with_grad, without = [], []
@@ -116,7 +98,7 @@ def one_update(tmp_path, monkeypatch, setup, micro_batch_size: int):
     ctx = RunContext.create(cfg, tmp_path, tokenizer, policy, reference, None, None, torch.device("cpu"),
                             rollout_engine=object())
     with_grad, without = recorded_rows(monkeypatch, update)
-    update.train_on_rollouts(ctx, fixed_rollouts(len(tokenizer)), Timings())
+    update.train_on_rollouts(ctx, fixed_rollouts(len(tokenizer), VERDICTS, MAX_NEW, 4321), Timings())
     return policy.gradients, with_grad, without
 
 
@@ -155,7 +137,7 @@ def test_the_worst_case_pass_trains_the_largest_slice_of_a_group(tmp_path, monke
     ctx = RunContext.create(cfg, tmp_path, tokenizer, RecordingEngine(model), reference, None, None,
                             torch.device("cpu"), rollout_engine=object())
     with_grad, without = recorded_rows(monkeypatch, update, worst_case)
-    examples = fixed_rollouts(len(tokenizer)).examples
+    examples = fixed_rollouts(len(tokenizer), VERDICTS, MAX_NEW, 4321).examples
     shapes = worst_case.run_worst_case(ctx, examples)
     assert (shapes.micro_rows, shapes.micro_groups) == (3, 1)
     assert with_grad == [3] and without == [3, 1]  # one prompt's 4 rows: old log-probs and entropy in 3 + 1
