@@ -55,6 +55,12 @@ def test_zero_stage_and_processes_shard_the_states(capsys):
     assert out["shapes"]["world"] == 2 and out["shapes"]["rollout_rows"] == 16
 
 
+def test_the_kl_reference_is_planned_in_the_training_dtype(capsys):
+    """fp32 weights under bf16 precision: the engine casts the reference to bf16 with the policy (kl/ref 0 at step 0)."""
+    out = plan_json(capsys, "model=tiny", "deepspeed.precision=bf16", "--prompt-tokens", "40")
+    assert out["parts"]["policy weights"]["bytes"] == 2 * TINY_PARAMS
+    assert out["parts"]["KL reference"]["bytes"] == 2 * TINY_PARAMS
+
 def test_the_suggested_change_fits_when_applied(capsys):
     overrides = ["model=tiny", "trainer.micro_batch_size=64", "data.prompts_per_step=16", "rollout.max_new_tokens=256"]
     base = plan_json(capsys, *overrides)["total_bytes"]

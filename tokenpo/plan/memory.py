@@ -151,7 +151,7 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
         P.gradients(trainable, elem, ds.stage, world, min(ds.reduce_bucket_size, trainable) if ds.stage >= 2 else 0),
         P.optimizer_states(trainable, ds.stage, world, offload_opt),
         P.master_weights(trainable, ds.stage, world, ds.precision, offload_opt),
-        P.reference_weights(params, model_elem, ds.stage, world, alg.needs_reference(cfg.algorithm), lora),
+        P.reference_weights(params, elem, ds.stage, world, alg.needs_reference(cfg.algorithm), lora),
     ]
     rollout = cfg.rollout
     rollout_at = len(parts)  # where the rollout part is listed

@@ -91,7 +91,8 @@ def master_weights(params: int, stage: int, world: int, precision: str, offload_
 
 
 def reference_weights(params: int, elem: int, stage: int, world: int, needed: bool, lora: bool) -> Part:
-    """The frozen KL reference: a copy of the initial policy in model.dtype (sharded like the policy at ZeRO-3)."""
+    """The frozen KL reference: a copy of the initial policy in the training dtype (d: the engine casts it as it
+    casts the policy, so kl/ref is 0 at step 0), sharded like the policy at ZeRO-3."""
     if not needed:
         return Part("KL reference", 0, ALWAYS, "none: no KL term to the reference")
     if lora:
