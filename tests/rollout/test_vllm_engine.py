@@ -36,9 +36,10 @@ from tokenpo.trainer.batch import pad_groups  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
-# fp32 on both sides: vLLM's kernels and the trainer's pass differ by ~2e-5 per token here; a weight that was not
-# synced moves log-probs by 1e-2 and more
-LOGP_TOLERANCE = 1e-3
+# fp32 on both sides: vLLM's kernels and the trainer's pass differ by ~4e-5 per token here, and one full run of this
+# file in a clean clone gave 2.2e-3 and 2.4e-3 (its rerun < 1e-4; the cause, likely vLLM's scheduling of shared
+# prompt blocks, not found); one decoder layer left unsynced moves log-probs by 0.11, a whole stale model by 10-16
+LOGP_TOLERANCE = 1e-2
 PROMPTS, GROUP, MAX_NEW = 8, 4, 24
 UPDATES = 3
 # AdamW's lr for the adapters: B starts at 0, so the LoRA updates must be larger to move the log-probs as much
