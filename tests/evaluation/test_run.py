@@ -9,15 +9,23 @@ from tokenpo.data import Example
 from tokenpo.deepspeed import dist
 from tokenpo.evaluation import run
 from tokenpo.evaluation.config import EvalConfig
-from tokenpo.rollout.engine import Responses
+from tokenpo.rewards import AnswerSpec
 
 
 class WrongScorer:
-    def submit(self, texts, golds):
+    def score(self, texts, golds):
         return ["wrong"] * len(texts)
 
-    def result(self, verdicts):
-        return verdicts
+
+class Seen:
+    """A sampler recording the first token of each prompt of each call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def sample(self, prompt_ids, params, generator):
+        self.calls.append([p[0] for p in prompt_ids])
+        return ["x"] * (len(prompt_ids) * params.num_samples)
 
 
 @pytest.mark.parametrize("problems, batch_size, n, calls", [
@@ -31,19 +39,14 @@ class WrongScorer:
 ])
 def test_every_rank_makes_the_calls_of_the_rank_with_the_most_problems(monkeypatch, problems, batch_size, n, calls):
     examples = [Example(uid=str(i), problem=f"{i} + 1?", answer=str(i + 1)) for i in range(problems)]
+    task = run.EvalTask(EvalConfig(name="arith", batch_size=batch_size, greedy=not n, n=n), examples,
+                        [[int(ex.uid)] for ex in examples], AnswerSpec(reasoning_tag=None), max_new_tokens=4,
+                        stop_token_ids=())
     for rank in (0, 1):
-        seen = []  # the prompts of each generate call
-
-        def generate(prompt_ids, params, generator):
-            seen.append([p[0] for p in prompt_ids])
-            rows = len(prompt_ids) * params.num_samples
-            return Responses([[7]] * rows, [False] * rows)
-
+        seen = Seen()
         monkeypatch.setattr(dist, "rank", lambda: rank)
         monkeypatch.setattr(dist, "world_size", lambda: 2)
         monkeypatch.setattr(dist, "all_gather_objects", lambda records: [records])
-        _, records = run.evaluate(examples, lambda ex: [int(ex.uid)], generate, lambda ids: ["x"] * len(ids),
-                                  WrongScorer(), EvalConfig(name="arith", batch_size=batch_size, greedy=not n, n=n),
-                                  ("boxed", "none", None), max_new_tokens=4, stop_token_ids=(), seed=0)
-        assert seen == calls[rank]
+        records = run.evaluate(task, seen, WrongScorer(), seed=0).records
+        assert seen.calls == calls[rank]
         assert [r["uid"] for r in records] == [str(i) for i in range(rank, problems, 2)]
