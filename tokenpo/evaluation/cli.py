@@ -4,7 +4,7 @@ The model comes from `model_path`: a training run dir (its `final/` folder is ev
 Face model folder, or a hub id; a PEFT adapter folder (a LoRA run's `final/adapter/`) is applied to it with
 `adapter_path`, or given alone as `model_path` when its adapter_config.json names its base model. Generation
 uses the rollout engine and scoring the reward workers, in one process; problems, prompts and metrics are those
-of training-time evaluation (tokenpo.evaluation.benchmark).
+of training-time evaluation (one call: tokenpo.evaluation.run.evaluate_benchmark).
 """
 
 from __future__ import annotations
