@@ -24,19 +24,22 @@ from tokenpo.progress import quiet_library_bars
 quiet_library_bars()
 from tokenpo.data import Example
 from tokenpo.evaluation.config import EvalConfig
-from tokenpo.evaluation.run import evaluate
+from tokenpo.evaluation.run import EvalTask, TextSampler, evaluate
 from tokenpo.models.config import ModelConfig
 from tokenpo.models.loading import load_model
+from tokenpo.rewards import AnswerSpec
 from tokenpo.rollout.engine import Responses
 from tokenpo.trainer.checkpoint_layout import file_records
 
 
 class Scorer:
-    def submit(self, texts, golds):
+    def score(self, texts, golds):
         return ["wrong"] * len(texts)
 
-    def result(self, verdicts):
-        return verdicts
+
+class Tokenizer:
+    def batch_decode(self, ids, skip_special_tokens):
+        return ["AB"] * len(ids)
 
 
 def generate(prompts, params, generator):
@@ -44,9 +47,9 @@ def generate(prompts, params, generator):
 
 
 examples = [Example(uid=str(i), problem=f"{i} + 1?", answer=str(i + 1)) for i in range(6)]
-metrics, _ = evaluate(examples, lambda ex: [1, 2], generate, lambda ids: ["AB"] * len(ids), Scorer(),
-                      EvalConfig(name="arith", batch_size=2), ("boxed", "none", None), max_new_tokens=4,
-                      stop_token_ids=(), seed=0)
+task = EvalTask(EvalConfig(name="arith", batch_size=2), examples, [[1, 2]] * len(examples),
+                AnswerSpec(reasoning_tag=None), max_new_tokens=4, stop_token_ids=())
+metrics = evaluate(task, TextSampler(generate, Tokenizer()), Scorer(), seed=0).metrics
 out = Path(sys.argv[1])
 tokenizer, model = load_model(ModelConfig(name="tiny", source="tiny"))
 model.save_pretrained(out)

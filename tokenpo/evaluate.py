@@ -70,11 +70,11 @@ ConfigStore.instance().store(name="evaluate", node=EVALUATE_CONFIG)
 def hydra_main(tree: DictConfig) -> float:
     try:
         run = build_eval_run(tree)
-        metrics, records = run_evaluation(run)
+        result = run_evaluation(run)
     except ConfigError as err:
         fail(str(err))
-    print(report(run, metrics, records), flush=True)
-    return metrics["accuracy"]
+    print(report(run, result), flush=True)
+    return result.metrics["accuracy"]
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from tokenpo.config import benchmark_reward, build_config
 from tokenpo.data import data_config_from_dict
 from tokenpo.errors import ConfigError
 from tokenpo.evaluate import CONF_DIR
-from tokenpo.evaluation import cli
+from tokenpo.evaluation import cli, run
 from tokenpo.evaluation.benchmark import load_benchmark
 from tokenpo.evaluation.cli import build_eval_run, run_evaluation
 from tokenpo.rewards import RewardScorer
@@ -107,17 +107,16 @@ def test_eval_temperature_and_top_p_reach_the_samples_in_both_paths(monkeypatch,
                                 eos_token_id=2, pad_token_id=2)
     monkeypatch.setattr(cli, "load_policy", lambda model_cfg, adapter: (tokenizer, None))
     monkeypatch.setattr(cli, "build_engine", lambda rollout_cfg, model, tokenizer: engine)
-    monkeypatch.setattr(cli, "capped_prompt_ids", lambda problem, tok, data: [1])
-    cli_metrics, cli_records = run_evaluation(
+    monkeypatch.setattr(run, "capped_prompt_ids", lambda problem, tok, data: [1])  # both paths build prompts there
+    cli_result = run_evaluation(
         build_eval_run(compose_tree("evaluate", ["model_path=a/b", f"output_dir={tmp_path}", *BENCHMARK])))
+    cli_metrics, cli_records = cli_result.metrics, cli_result.records
     cli_params, engine.params = engine.params, []
 
     cfg = train_config(*BENCHMARK)
     examples, eval_data = load_benchmark(cfg.eval, cfg.data, cfg.seed, tokenizer)
     with RewardScorer(cfg.reward_for(cfg.data)) as training_scorer:  # as train() builds it: arith's settings
-        ctx = SimpleNamespace(cfg=cfg, reward=cfg.reward_for(cfg.data), scorer=training_scorer, tokenizer=tokenizer,
-                              prompt_ids=lambda ex, data: [1], stop_token_ids=(2,),
-                              generate=engine.generate)
+        ctx = SimpleNamespace(cfg=cfg, scorer=training_scorer, tokenizer=tokenizer, generate=engine.generate)
         train_metrics, train_records = eval_benchmark(ctx, cfg.eval, examples, eval_data, step=0)
 
     assert protocol_settings(cli_params) == protocol_settings(engine.params) == [(1, 0.0, 1.0, 8), (2, 0.7, 0.9, 8)]
@@ -148,8 +147,8 @@ def test_training_eval_and_tokenpo_evaluate_agree_on_one_checkpoint(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     in_training = json.loads((run_dir / "eval_after.json").read_text())["records"]
 
-    _, standalone = run_evaluation(build_eval_run(compose_tree("evaluate", [f"model_path={run_dir}", "seed=1",
-                                                                            *overrides])))
+    standalone = run_evaluation(build_eval_run(compose_tree("evaluate", [f"model_path={run_dir}", "seed=1",
+                                                                         *overrides]))).records
 
     def judged(records):
         return [(r["gold"], r["greedy"]["response"], r["greedy"]["verdict"],

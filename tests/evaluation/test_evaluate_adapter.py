@@ -61,7 +61,7 @@ def evaluation(*overrides: str):
 
 
 def answers(run) -> list[str]:
-    return [record["greedy"]["response"] for record in run_evaluation(run)[1]]
+    return [record["greedy"]["response"] for record in run_evaluation(run).records]
 
 
 def test_adapter_alone_base_plus_adapter_and_merged_answer_alike(folders):

@@ -62,8 +62,9 @@ def test_run_dir_with_samples_writes_eval_json_beside_the_run(run_dir, capsys):
     run = build_eval_run(tree)
     assert run.model.source == "local" and Path(run.model.path) == run_dir / "final"
     assert run.output_dir == run_dir / "eval_arith"
-    metrics, records = run_evaluation(run)
-    print(report(run, metrics, records))
+    result = run_evaluation(run)
+    metrics, records = result.metrics, result.records
+    print(report(run, result))
 
     saved = json.loads((run_dir / "eval_arith" / "eval.json").read_text())
     assert saved["metrics"] == metrics and saved["benchmark"] == "arith"

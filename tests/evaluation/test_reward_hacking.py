@@ -5,6 +5,8 @@ These go through the real path: the arith config composed by Hydra, its reward s
 worker pool and `evaluate` — only the policy is scripted.
 """
 
+from types import SimpleNamespace
+
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -12,8 +14,8 @@ from tokenpo import CONF_DIR
 from tokenpo.config import build_config
 from tokenpo.data import load_splits
 from tokenpo.evaluation.config import EvalConfig
-from tokenpo.evaluation.run import evaluate
-from tokenpo.rewards import RewardScorer
+from tokenpo.evaluation.run import EvalTask, TextSampler, evaluate
+from tokenpo.rewards import RewardScorer, answer_spec
 from tokenpo.rollout.engine import Responses
 
 
@@ -36,12 +38,12 @@ def scripted_eval(cfg, answer_of):
         return Responses(token_ids=ids, truncated=[False] * len(ids))
 
     reward = cfg.reward_for(cfg.data)
+    task = EvalTask(EvalConfig(greedy=True, n=2, pass_k=(1, 2)), held_out, [[i] for i in range(len(held_out))],
+                    answer_spec(reward), max_new_tokens=32, stop_token_ids=())
+    tokenizer = SimpleNamespace(batch_decode=lambda ids, skip_special_tokens: [texts[i[0]] for i in ids])
     with RewardScorer(reward) as scorer:
-        metrics, records = evaluate(
-            held_out, lambda ex: [held_out.index(ex)], generate, lambda ids: [texts[i[0]] for i in ids], scorer,
-            EvalConfig(greedy=True, n=2, pass_k=(1, 2)), (reward.answer_pattern, reward.fallback, reward.reasoning_tag),
-            max_new_tokens=32, stop_token_ids=(), seed=0)
-    return metrics, records
+        result = evaluate(task, TextSampler(generate, tokenizer), scorer, seed=0)
+    return result.metrics, result.records
 
 
 def echo(problem: str) -> str:

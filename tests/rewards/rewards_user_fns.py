@@ -1,6 +1,7 @@
 """User reward functions for the tests, imported by path ("rewards_user_fns:name") in the worker processes."""
 
 import sys
+import time
 
 NOT_A_FUNCTION = 3
 
@@ -26,3 +27,10 @@ def stuck_on_hang(response, gold):
 def main_module_reimported(response, gold):
     """True in a worker that re-ran the parent's main script spawn_main_script.py (it defines the marker)."""
     return hasattr(sys.modules["__main__"], "SPAWN_MAIN_SCRIPT_MARKER")
+
+
+def slow_when_asked(response, gold):
+    """Exact match that takes half a second for a response starting with "slow"."""
+    if response.startswith("slow"):
+        time.sleep(0.5)
+    return response == gold

@@ -7,4 +7,4 @@ SPAWN_MAIN_SCRIPT_MARKER = True
 
 if __name__ == "__main__":
     with RewardScorer(resolve(RewardConfig(fn="rewards_user_fns:main_module_reimported"), {})) as scorer:
-        print(scorer.result(scorer.submit(["x"], ["x"]))[0])
+        print(scorer.score(["x"], ["x"])[0])

@@ -7,7 +7,7 @@ import pytest
 
 from tokenpo.data.answers import gsm8k_final_answer
 from tokenpo.errors import ConfigError
-from tokenpo.rewards import CORRECT, WRONG, judge, reward_config_from_dict
+from tokenpo.rewards import CORRECT, WRONG, AnswerSpec, judge, reward_config_from_dict
 
 EXPRESSION = {"answer_format": "expression"}
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -15,7 +15,7 @@ needs_shared_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"real b
 
 
 def expression_verdict(answer: str, gold: str, tolerance=None) -> str:
-    return judge(f"\\boxed{{{answer}}}", gold, decimal_tolerance=tolerance, **EXPRESSION)
+    return judge(f"\\boxed{{{answer}}}", gold, AnswerSpec(decimal_tolerance=tolerance, **EXPRESSION))
 
 
 @pytest.mark.parametrize(
@@ -87,7 +87,7 @@ def test_scorer_workers_apply_the_tolerance():
     def scored(tolerance):
         cfg = resolve(reward_config_from_dict({"decimal_tolerance": tolerance, "num_workers": 1}), EXPRESSION)
         with RewardScorer(cfg) as scorer:
-            return scorer.result(scorer.submit([r"\boxed{0.333333}", r"\boxed{0.5}"], ["1/3", "1/2"]))
+            return scorer.score([r"\boxed{0.333333}", r"\boxed{0.5}"], ["1/3", "1/2"])
 
     assert scored(None) == [WRONG, CORRECT]
     assert scored(1e-6) == [CORRECT, CORRECT]
@@ -106,8 +106,8 @@ def test_gsm8k_gold_forms_score_under_both_formats():
     golds = [gsm8k_final_answer(row["answer"]) for row in rows]
     assert len(golds) == 1319
     for gold in golds:
-        assert judge(f"\\boxed{{{gold}}}", gold) == CORRECT  # auto: number
-        assert judge(f"The answer is \\boxed{{{float(gold):.2f}}}.", gold) == CORRECT
+        assert judge(f"\\boxed{{{gold}}}", gold, AnswerSpec()) == CORRECT  # auto: number
+        assert judge(f"The answer is \\boxed{{{float(gold):.2f}}}.", gold, AnswerSpec()) == CORRECT
     for gold in golds[::10]:
         assert expression_verdict(gold, gold) == CORRECT
         assert expression_verdict(f"{float(gold):.2f}", gold) == CORRECT

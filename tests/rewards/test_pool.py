@@ -19,6 +19,7 @@ from tokenpo.rewards import (
     TIMEOUT,
     WRONG,
     RewardConfig,
+    AnswerSpec,
     RewardScorer,
     count_verdicts,
     judge,
@@ -40,7 +41,7 @@ def _scorer(**fields) -> RewardScorer:
 
 def _warm(scorer: RewardScorer, gold: str = "1") -> None:
     """Score twice so the workers have started before a timed call."""
-    assert scorer.result(scorer.submit([gold, gold], [gold, gold])) is not None
+    assert scorer.score([gold, gold], [gold, gold]) is not None
 
 
 @pytest.fixture(scope="module")
@@ -53,17 +54,15 @@ def test_pool_verdicts_equal_in_process_judge(expression_scorer):
     cases = [(r"\boxed{15+54}", "69"), ("so it is 69", "69"), ("", "69"), (r"\boxed{(1, 2]}", "(1,2]"),
              (r"\boxed{[1, 2]}", "(1,2]"), (r"\boxed{3}", "\\frac{")]
     responses, golds = zip(*cases)
-    verdicts = expression_scorer.result(expression_scorer.submit(responses, golds))
+    verdicts = expression_scorer.score(responses, golds)
     assert verdicts == [CORRECT, CORRECT, NO_ANSWER, CORRECT, WRONG, GOLD_INVALID]
-    assert verdicts == [judge(r, g, answer_format="expression", fallback="last_number") for r, g in cases]
+    assert verdicts == [judge(r, g, AnswerSpec(answer_format="expression", fallback="last_number")) for r, g in cases]
 
 
 def test_pathological_expressions_time_out_within_the_limit(expression_scorer):
     _warm(expression_scorer)
     start = time.monotonic()
-    handle = expression_scorer.submit([NESTED_POWER, DEEP_PARENS, r"\boxed{69}"], ["69", "69", "69"])
-    assert time.monotonic() - start < 0.5  # submit does not wait for scoring
-    verdicts = expression_scorer.result(handle)
+    verdicts = expression_scorer.score([NESTED_POWER, DEEP_PARENS, r"\boxed{69}"], ["69", "69", "69"])
     elapsed = time.monotonic() - start
     assert verdicts == [TIMEOUT, TIMEOUT, CORRECT]
     assert elapsed < TIMEOUT_S + KILL_GRACE_S + CLOCK_SLACK_S
@@ -75,10 +74,10 @@ def test_stuck_worker_is_killed_and_replaced():
     with _scorer(fn="rewards_user_fns:stuck_on_hang", num_workers=1) as scorer:
         _warm(scorer)
         start = time.monotonic()
-        verdicts = scorer.result(scorer.submit(["hang"], ["x"]))
+        verdicts = scorer.score(["hang"], ["x"])
         assert time.monotonic() - start < TIMEOUT_S + KILL_GRACE_S + CLOCK_SLACK_S
         assert verdicts == [TIMEOUT]
-        assert scorer.result(scorer.submit(["a", "b"], ["a", "c"])) == [CORRECT, WRONG]
+        assert scorer.score(["a", "b"], ["a", "c"]) == [CORRECT, WRONG]
 
 
 @pytest.mark.parametrize(
@@ -92,7 +91,7 @@ def test_a_slow_item_is_answered_within_a_second_of_the_timeout(fields, response
     with _scorer(num_workers=1, **fields) as scorer:
         _warm(scorer)
         start = time.monotonic()
-        assert scorer.result(scorer.submit([response], ["69"])) == [TIMEOUT]
+        assert scorer.score([response], ["69"]) == [TIMEOUT]
         assert time.monotonic() - start < TIMEOUT_S + 1.0
 
 
@@ -101,7 +100,7 @@ def test_a_worker_is_replaced_after_worker_max_items():
         pids, verdicts = [], []
         for batch in range(3):
             pids.append(scorer.worker_pids()[0])
-            verdicts += scorer.result(scorer.submit([r"\boxed{1}", r"\boxed{2}", r"\boxed{3}"], ["1", "1", "3"]))
+            verdicts += scorer.score([r"\boxed{1}", r"\boxed{2}", r"\boxed{3}"], ["1", "1", "3"])
         assert verdicts == [CORRECT, WRONG, CORRECT] * 3
         assert len(set(pids + scorer.worker_pids())) == 4
 
@@ -126,7 +125,7 @@ def test_a_long_adversarial_stream_stays_under_worker_max_rss_mb():
         stream = _big_power_stream(160)
         for lo in range(0, len(stream), 8):
             batch = stream[lo: lo + 8]
-            assert scorer.result(scorer.submit(batch, ["7"] * len(batch))) == [WRONG] * len(batch)
+            assert scorer.score(batch, ["7"] * len(batch)) == [WRONG] * len(batch)
             pid = scorer.worker_pids()[0]
             pids.add(pid)
             peak_mb = max(peak_mb, _rss_mb(pid))
@@ -136,20 +135,18 @@ def test_a_long_adversarial_stream_stays_under_worker_max_rss_mb():
 
 def test_user_fn_failures_are_counted_as_errors_and_logged(caplog):
     with _scorer(fn="rewards_user_fns:exact_match") as scorer, caplog.at_level(logging.WARNING):
-        verdicts = scorer.result(scorer.submit(["a", "boom", "float", "b", "c"], ["a", "a", "a", "a", "?"]))
+        verdicts = scorer.score(["a", "boom", "float", "b", "c"], ["a", "a", "a", "a", "?"])
     assert verdicts == [CORRECT, ERROR, ERROR, WRONG, GOLD_INVALID]
     assert "2 of 5 responses scored 'error'; first: ZeroDivisionError: boom" in caplog.text
 
 
-def test_several_batches_in_flight_come_back_in_order(expression_scorer):
-    first = expression_scorer.submit([r"\boxed{1}", r"\boxed{2}"], ["1", "1"])
-    second = expression_scorer.submit([r"\boxed{3}"], ["3"])
-    empty = expression_scorer.submit([], [])
-    assert expression_scorer.result(second) == [CORRECT]
-    assert expression_scorer.result(first) == [CORRECT, WRONG]
-    assert expression_scorer.result(empty) == []
-    with pytest.raises(KeyError, match="already collected"):
-        expression_scorer.result(first)
+def test_verdicts_come_back_in_the_order_given_when_workers_finish_out_of_order():
+    # two workers: the first response takes 0.5 s, so the other worker answers the rest before it
+    with _scorer(fn="rewards_user_fns:slow_when_asked", num_workers=2) as scorer:
+        _warm(scorer)
+        verdicts = scorer.score(["slow a", "b", "c", "slow d"], ["slow a", "x", "c", "y"])
+        assert verdicts == [CORRECT, WRONG, CORRECT, WRONG]
+        assert scorer.score([], []) == []
 
 
 def test_scorer_refuses_unresolved_config_and_bad_user_fn():
@@ -164,12 +161,12 @@ def test_closed_scorer_refuses_work():
     scorer.close()
     scorer.close()
     with pytest.raises(RuntimeError, match="closed"):
-        scorer.submit([r"\boxed{1}"], ["1"])
+        scorer.score([r"\boxed{1}"], ["1"])
 
 
 def test_mismatched_lengths_are_rejected(expression_scorer):
     with pytest.raises(ValueError, match="2 responses but 1 gold"):
-        expression_scorer.submit(["a", "b"], ["a"])
+        expression_scorer.score(["a", "b"], ["a"])
 
 
 def test_workers_do_not_rerun_the_parents_main_script():

@@ -41,7 +41,7 @@ class ScriptedContext:
                                    algorithm=SimpleNamespace(dynamic_sampling=replace(
                                        DynamicSamplingConfig(enabled=True), **dynamic_sampling)))
         self.tokenizer = SimpleNamespace(batch_decode=lambda ids, skip_special_tokens: ["text"] * len(ids))
-        self.scorer = SimpleNamespace(submit=lambda text, golds: golds, result=self._verdicts)
+        self.scorer = SimpleNamespace(score=lambda text, golds: self._verdicts(golds))
         self.rounds_drawn: list[int] = []
 
     def _verdicts(self, golds: list[str]) -> list[str]:

@@ -44,14 +44,13 @@ def check_same_prompt_ids(examples, tokenizer, template) -> None:
 
 def reward_function(reward_cfg):
     """TRL reward function: tokenpo's verdict under the same reward settings, 1 if correct else 0."""
-    from tokenpo.rewards import CORRECT, judge
+    from tokenpo.rewards import CORRECT, answer_spec, judge
+
+    spec = answer_spec(reward_cfg)
 
     def arith_reward(completions, answer, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [float(judge(t, gold, answer_format=reward_cfg.answer_format, fallback=reward_cfg.fallback,
-                            answer_pattern=reward_cfg.answer_pattern,
-                            reasoning_tag=reward_cfg.reasoning_tag) == CORRECT)
-                for t, gold in zip(texts, answer, strict=True)]
+        return [float(judge(t, gold, spec) == CORRECT) for t, gold in zip(texts, answer, strict=True)]
 
     return arith_reward
 

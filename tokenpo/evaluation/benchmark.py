@@ -7,7 +7,7 @@ the same problems with the same prompts.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tokenpo.data import DataConfig, Example, data_config_from_dict, load_splits
 from tokenpo.data.config import data_keys_under
@@ -15,6 +15,16 @@ from tokenpo.errors import ConfigError
 from tokenpo.evaluation.config import EvalConfig
 
 log = logging.getLogger("tokenpo")
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A benchmark to evaluate: its eval settings, its problems (load_benchmark's) and the data config they come from
+    (their prompt template and how their answers are read)."""
+
+    config: EvalConfig
+    examples: list[Example]
+    data: DataConfig
 
 
 def load_benchmark(eval_cfg: EvalConfig, data_cfg: DataConfig, seed: int, tokenizer,

@@ -4,7 +4,7 @@ The model comes from `model_path`: a training run dir (its `final/` folder is ev
 Face model folder, or a hub id; a PEFT adapter folder (a LoRA run's `final/adapter/`) is applied to it with
 `adapter_path`, or given alone as `model_path` when its adapter_config.json names its base model. Generation
 uses the rollout engine and scoring the reward workers, in one process; problems, prompts and metrics are those
-of training-time evaluation (tokenpo.evaluation.benchmark).
+of training-time evaluation (one call: tokenpo.evaluation.run.evaluate_benchmark).
 """
 
 from __future__ import annotations
@@ -18,18 +18,17 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from tokenpo.config import benchmark_reward, validated
+from tokenpo.config import validated
 from tokenpo.data import DataConfig, data_config_from_dict
-from tokenpo.data.prompts import capped_prompt_ids
 from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
-from tokenpo.evaluation.benchmark import load_benchmark, stop_token_ids
+from tokenpo.evaluation.benchmark import Benchmark, load_benchmark
 from tokenpo.evaluation.config import EvalConfig
-from tokenpo.evaluation.run import evaluate, sample_lines
+from tokenpo.evaluation.run import EvalResult, TextSampler, evaluate_benchmark, sample_lines
 from tokenpo.models.config import ModelConfig
 from tokenpo.models.loading import load_model
 from tokenpo.models.lora import adapter_base, is_adapter_folder, with_adapter
-from tokenpo.rewards import RewardConfig, RewardScorer, reward_config_from_dict
+from tokenpo.rewards import RewardConfig, reward_config_from_dict
 from tokenpo.rewards.config import DATASET_FIELDS
 from tokenpo.rollout import build_engine
 from tokenpo.rollout.config import RolloutConfig, rollout_config_from_dict
@@ -164,30 +163,19 @@ def load_policy(cfg: ModelConfig, adapter: Path | None = None):
     return tokenizer, model.to(dist.device()).eval()
 
 
-def run_evaluation(run: EvalRun) -> tuple[dict, list[dict]]:
-    """Generate, score and summarise; writes <output_dir>/eval.json and returns (metrics, records)."""
+def run_evaluation(run: EvalRun) -> EvalResult:
+    """Generate, score and summarise; writes <output_dir>/eval.json."""
     tokenizer, model = load_policy(run.model, run.adapter)
     examples, data_cfg = load_benchmark(run.eval, run.data, run.seed, tokenizer)
-    reward = benchmark_reward(run.reward, data_cfg)
     log.info("evaluating %s on %s: %d problems", model_label(run), run.eval.name, len(examples))
-    with RewardScorer(reward) as scorer, contextlib.closing(build_engine(run.rollout, model, tokenizer)) as engine:
-        metrics, records = evaluate(
-            examples,
-            lambda ex: capped_prompt_ids(ex.problem, tokenizer, data_cfg),
-            engine.generate,
-            lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
-            scorer,
-            run.eval,
-            (reward.answer_pattern, reward.fallback, reward.reasoning_tag),
-            max_new_tokens=run.eval.max_new_tokens or run.rollout.max_new_tokens,
-            stop_token_ids=stop_token_ids(tokenizer, run.rollout.eos_tokens),
-            seed=run.seed,
-        )
+    with contextlib.closing(build_engine(run.rollout, model, tokenizer)) as engine:
+        result = evaluate_benchmark(Benchmark(run.eval, examples, data_cfg), run.reward, run.rollout,
+                                    TextSampler(engine.generate, tokenizer), run.seed)
     run.output_dir.mkdir(parents=True, exist_ok=True)
-    result = {"model": model_label(run), "benchmark": run.eval.name, "metrics": metrics,
-              "records": records}
-    (run.output_dir / "eval.json").write_text(json.dumps(result, indent=1))
-    return metrics, records
+    written = {"model": model_label(run), "benchmark": run.eval.name, "metrics": result.metrics,
+               "records": result.records}
+    (run.output_dir / "eval.json").write_text(json.dumps(written, indent=1))
+    return result
 
 
 def model_label(run: EvalRun) -> str:
@@ -205,9 +193,9 @@ def metrics_table(metrics: dict) -> str:
     return "\n".join(rows)
 
 
-def report(run: EvalRun, metrics: dict, records: list[dict]) -> str:
-    lines = [f"## {run.eval.name}: {model_label(run)}", "", metrics_table(metrics)]
+def report(run: EvalRun, result: EvalResult) -> str:
+    lines = [f"## {run.eval.name}: {model_label(run)}", "", metrics_table(result.metrics)]
     if run.print_samples:
-        lines += ["", "Samples (question -> response -> verdict):", *sample_lines(records, run.print_samples)]
+        lines += ["", "Samples (question -> response -> verdict):", *sample_lines(result.records, run.print_samples)]
     lines += ["", f"records and metrics: {run.output_dir / 'eval.json'}"]
     return "\n".join(lines)

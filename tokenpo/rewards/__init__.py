@@ -1,12 +1,14 @@
-"""Rewards for math answers: find the final answer, check it against the gold, score batches off the loop.
+"""Rewards for math answers: find the final answer, check it against the gold, score batches in worker processes.
 
 Light on purpose (no torch): the scoring worker processes import only this package.
 """
 
 from tokenpo.rewards.config import RewardConfig, resolve, reward_config_from_dict
 from tokenpo.rewards.extract import extract_answer
+from tokenpo.rewards.judging import format_reward, judge, resolve_answer_format
 from tokenpo.rewards.numbers import parse_answer_number, parse_gold_number
-from tokenpo.rewards.pool import RewardScorer
+from tokenpo.rewards.pool import RewardScorer, Scorer
+from tokenpo.rewards.spec import AnswerSpec, answer_spec
 from tokenpo.rewards.user_fn import load_reward_fn
 from tokenpo.rewards.verdicts import (
     CORRECT,
@@ -19,7 +21,6 @@ from tokenpo.rewards.verdicts import (
     WRONG,
     count_verdicts,
 )
-from tokenpo.rewards.verify import format_reward, judge, resolve_answer_format, verify
 
 __all__ = [
     "CORRECT",
@@ -30,8 +31,11 @@ __all__ = [
     "TIMEOUT",
     "VERDICTS",
     "WRONG",
+    "AnswerSpec",
     "RewardConfig",
     "RewardScorer",
+    "Scorer",
+    "answer_spec",
     "count_verdicts",
     "extract_answer",
     "format_reward",
@@ -42,5 +46,4 @@ __all__ = [
     "resolve",
     "resolve_answer_format",
     "reward_config_from_dict",
-    "verify",
 ]

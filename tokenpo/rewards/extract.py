@@ -74,7 +74,7 @@ def no_fallback(text: str) -> None:
 
 
 ANSWER_PATTERNS = Registry("answer_pattern", {"boxed": last_boxed, "answer_line": answer_line})
-# How an extracted answer is compared with the gold (tokenpo.rewards.verify.judge); here beside the extraction
+# How an extracted answer is compared with the gold (tokenpo.rewards.judging.judge); here beside the extraction
 # choices so a config validates without math-verify
 ANSWER_FORMATS = ("auto", "number", "expression")
 FALLBACKS = Registry("fallback", {"none": no_fallback, "last_number": last_number, "last_dollar": last_dollar})

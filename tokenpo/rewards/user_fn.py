@@ -11,7 +11,7 @@ RewardFn = Callable[[str, str], "bool | None"]
 
 
 def load_reward_fn(path: str) -> RewardFn:
-    """Import the callable named by `path` ("package.module:function"), same signature as verify(response, gold).
+    """Import the callable named by `path` ("package.module:function"): (response, gold) -> True, False or None.
 
     It is imported by path (not passed as an object) so the scoring worker processes can import it too.
     """

@@ -12,14 +12,14 @@ from pathlib import Path
 import torch
 
 from tokenpo import algorithms as alg
-from tokenpo.config import TrainConfig, benchmark_reward
+from tokenpo.config import TrainConfig
 from tokenpo.data import DataConfig, Example, PromptSampler, describe_template, load_splits
 from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import build_policy_engine, build_reference, partitioned_loading
 from tokenpo.deepspeed.export import export_hf
-from tokenpo.evaluation.benchmark import load_benchmark
+from tokenpo.evaluation.benchmark import Benchmark, load_benchmark
 from tokenpo.evaluation.config import EvalConfig
-from tokenpo.evaluation.run import evaluate, sample_lines
+from tokenpo.evaluation.run import TextSampler, evaluate_benchmark, sample_lines
 from tokenpo.logger.run_logger import SAMPLES_FILE, RunLogger, samples_due
 from tokenpo.logger.samples import eval_rows, rollout_rows
 from tokenpo.models.loading import load_model
@@ -43,22 +43,9 @@ def eval_benchmark(ctx: RunContext, bench: EvalConfig, eval_examples: list[Examp
                    step: int):
     """Judged as `tokenpo.evaluate` judges the benchmark (benchmark_reward), not with the training reward."""
     cfg = ctx.cfg
-    reward = benchmark_reward(cfg.reward, data_cfg)
-    # the training scorer serves when the benchmark reads answers alike; otherwise workers for this evaluation
-    scorer = contextlib.nullcontext(ctx.scorer) if reward == ctx.reward else RewardScorer(reward)
-    with scorer as eval_scorer:
-        metrics, records = evaluate(
-            eval_examples,
-            lambda ex: ctx.prompt_ids(ex, data_cfg),
-            ctx.generate,
-            lambda ids: ctx.tokenizer.batch_decode(ids, skip_special_tokens=True),
-            eval_scorer,
-            bench,
-            (reward.answer_pattern, reward.fallback, reward.reasoning_tag),
-            max_new_tokens=bench.max_new_tokens or cfg.rollout.max_new_tokens,
-            stop_token_ids=ctx.stop_token_ids,
-            seed=cfg.seed + step,
-        )
+    result = evaluate_benchmark(Benchmark(bench, eval_examples, data_cfg), cfg.reward, cfg.rollout,
+                                TextSampler(ctx.generate, ctx.tokenizer), cfg.seed + step, ctx.scorer)
+    metrics, records = result.metrics, result.records
     flat = {f"eval/{bench.name}/{k}": v for k, v in metrics.items()}
     if bench is cfg.eval:  # the main benchmark's accuracy is the run's headline number
         flat["eval/accuracy"] = metrics["accuracy"]

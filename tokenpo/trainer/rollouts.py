@@ -66,7 +66,7 @@ def generate_and_score(ctx, examples: list[Example], params: SamplingParams, gen
         text = ctx.tokenizer.batch_decode(out.token_ids, skip_special_tokens=True)
         golds = [examples[i].answer for i in local for _ in range(params.num_samples)]
         with ctx.timings("reward"):
-            verdicts = ctx.scorer.result(ctx.scorer.submit(text, golds))
+            verdicts = ctx.scorer.score(text, golds)
         local_rollouts = StepRollouts([examples[i] for i in local], prompt_ids, out.token_ids, text,
                                       out.truncated, verdicts, out.logprobs or [])
     gathered = dist.all_gather_objects(local_rollouts)

@@ -13,6 +13,7 @@ from tokenpo.rewards.extract import ANSWER_FORMATS, extract_answer
 from tokenpo.rewards.latex import BOX_OPEN_RE
 from tokenpo.rewards.numbers import parse_answer_number, parse_gold_number
 from tokenpo.rewards.prose import hedged
+from tokenpo.rewards.spec import AnswerSpec
 from tokenpo.rewards.verdicts import (
     CORRECT,
     FORMAT_REJECTED,
@@ -153,18 +154,8 @@ def _expression_verdict(answer: str | None, gold: str, decimal_tolerance: float 
     return WRONG
 
 
-def judge(
-    response: str,
-    gold: str,
-    *,
-    answer_format: str = "auto",
-    fallback: str = "none",
-    answer_pattern: str = "boxed",
-    reasoning_tag: str | None = "think",
-    timeout_s: float = 5.0,
-    decimal_tolerance: float | None = None,
-) -> str:
-    """Verdict (see tokenpo.rewards.verdicts) on `response`'s final answer against `gold`.
+def judge(response: str, gold: str, spec: AnswerSpec) -> str:
+    """Verdict (see tokenpo.rewards.verdicts) on `response`'s final answer against `gold`, read as `spec` says.
 
     Only `response` is read, only after its last `</reasoning_tag>`, and only at `answer_pattern` (else
     `fallback`). `timeout_s` bounds math-verify's work in the main thread; in other threads use
@@ -177,43 +168,16 @@ def judge(
         gold = str(gold)  # data files store some answers as numbers (amc23: 27.0)
     if not isinstance(gold, str) or not gold.strip():
         return GOLD_INVALID
-    answer_format = resolve_answer_format(answer_format, gold)
-    answer = extract_answer(response, answer_pattern, fallback, reasoning_tag)
+    answer_format = resolve_answer_format(spec.answer_format, gold)
+    answer = spec.answer(response)
     if answer_format == "number":
         return _number_verdict(answer, gold)
     expression_libraries()  # imported outside the time budget
     try:
-        with _time_limit(timeout_s):
-            return _expression_verdict(answer, gold, decimal_tolerance)
+        with _time_limit(spec.timeout_s):
+            return _expression_verdict(answer, gold, spec.decimal_tolerance)
     except RewardTimeout:
         return TIMEOUT
-
-
-def verify(
-    response: str,
-    gold: str,
-    *,
-    answer_format: str = "auto",
-    fallback: str = "none",
-    answer_pattern: str = "boxed",
-    reasoning_tag: str | None = "think",
-    timeout_s: float = 5.0,
-    decimal_tolerance: float | None = None,
-) -> bool | None:
-    """True if `response`'s final answer equals `gold`, False if not or absent, None if `gold` cannot be parsed."""
-    verdict = judge(
-        response,
-        gold,
-        answer_format=answer_format,
-        fallback=fallback,
-        answer_pattern=answer_pattern,
-        reasoning_tag=reasoning_tag,
-        timeout_s=timeout_s,
-        decimal_tolerance=decimal_tolerance,
-    )
-    if verdict == GOLD_INVALID:
-        return None
-    return verdict == CORRECT
 
 
 def format_reward(
