@@ -28,7 +28,7 @@ class PromptLengths:
 
 
 @dataclass(frozen=True)
-class Budget:
+class SequenceBudget:
     """One generation's sequence: its longest prompt and the response tokens allowed after it."""
 
     prompt_key: str  # the key that caps the prompt
@@ -72,18 +72,19 @@ def run_prompt_lengths(cfg: TrainConfig) -> PromptLengths:
     return PromptLengths(train=longest_prompt(train, tokenizer, cfg.data), eval=longest_eval)
 
 
-def generation_budgets(cfg: TrainConfig, prompts: PromptLengths) -> list[Budget]:
+def generation_budgets(cfg: TrainConfig, prompts: PromptLengths) -> list[SequenceBudget]:
     """Every sequence the run generates: training rollouts, and each benchmark's (eval.max_new_tokens, null: the
     rollout's)."""
-    budgets = [Budget("data.max_prompt_tokens", prompts.train, "rollout.max_new_tokens", cfg.rollout.max_new_tokens)]
+    budgets = [SequenceBudget("data.max_prompt_tokens", prompts.train, "rollout.max_new_tokens",
+                              cfg.rollout.max_new_tokens)]
     for bench in cfg.eval.benchmarks() if prompts.eval else []:
         key = "eval.max_new_tokens" if bench.max_new_tokens is not None else "rollout.max_new_tokens"
-        budgets.append(Budget("data.max_prompt_tokens", prompts.eval, key,
-                              bench.max_new_tokens or cfg.rollout.max_new_tokens))
+        budgets.append(SequenceBudget("data.max_prompt_tokens", prompts.eval, key,
+                                      bench.max_new_tokens or cfg.rollout.max_new_tokens))
     return budgets
 
 
-def check_context(budgets: list[Budget], context: int, where: str, max_model_len: int | None) -> int:
+def check_context(budgets: list[SequenceBudget], context: int, where: str, max_model_len: int | None) -> int:
     """The longest sequence of `budgets`; ConfigError (one line, naming both keys) when it exceeds the model's
     `context` positions or a set rollout.vllm.max_model_len."""
     longest = max(budgets, key=lambda budget: budget.total)
