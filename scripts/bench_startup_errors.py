@@ -1,7 +1,7 @@
 """Time every kind of bad input of the suite's start-up tests: `python -m tokenpo.train <overrides>` until its one-line
 error, wall-clock seconds each, then the slowest and the median (issue 23: each under 2 s on the 2-core CPU machine).
 
-    .venv/bin/python scripts/bench_startup_errors.py [--repeats 3]
+    .venv/bin/python scripts/bench_startup_errors.py [--repeats 3] [--only 'memory limit']
 
 Each line gives the wall-clock seconds and the process's CPU seconds (user + system), which a machine shared with
 other jobs inflates less than the wall clock. The cases are those of tests/test_train_cli.py, tests/test_preflight.py, tests/plan/test_startup.py,
@@ -114,12 +114,13 @@ def run_case(overrides: list[str], env: dict, tmp: Path) -> tuple[float, float, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs per case; its fastest is reported (default 3)")
+    parser.add_argument("--only", default="", help="only the cases whose name holds this text (default: all)")
     args = parser.parse_args()
     times = []
     print(f"{'wall':>7s} {'cpu':>7s}  case")
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
-        for name, overrides, env in cases(tmp):
+        for name, overrides, env in (case for case in cases(tmp) if args.only in case[0]):
             runs = [run_case(overrides, env, tmp) for _ in range(args.repeats)]
             seconds, cpu, message = min(runs)
             times.append((seconds, cpu, name))

@@ -11,8 +11,8 @@ from tokenpo.errors import ConfigError
 from tokenpo.models.loading import tiny_tokenizer
 from tokenpo.plan.architecture import architecture_from_config, context_length
 from tokenpo.plan.cli import compose_train_config
-from tokenpo.plan.context import (Budget, PromptLengths, check_context, generation_budgets, resolved_max_model_len,
-                                  run_prompt_lengths)
+from tokenpo.plan.context import (PromptLengths, SequenceBudget, check_context, generation_budgets,
+                                  resolved_max_model_len, run_prompt_lengths)
 
 from test_train_cli import guarded_train
 
@@ -37,18 +37,19 @@ def test_the_longest_prompt_is_counted_from_the_data_under_the_template():
 
 
 def test_a_sequence_over_the_context_is_refused_in_one_line_naming_both_keys():
-    budgets = [Budget("data.max_prompt_tokens", 82, "rollout.max_new_tokens", 4000)]
+    budgets = [SequenceBudget("data.max_prompt_tokens", 82, "rollout.max_new_tokens", 4000)]
     with pytest.raises(ConfigError) as err:
         check_context(budgets, 2048, "model.tiny", None)
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("context: the longest prompt (82 tokens, data.max_prompt_tokens caps it) + "
                               "rollout.max_new_tokens=4000 = 4082 tokens exceed the model's 2048 positions (model.tiny)")
-    assert check_context([Budget("data.max_prompt_tokens", 82, "rollout.max_new_tokens", 1966)], 2048, "x", None) == 2048
+    fitting = [SequenceBudget("data.max_prompt_tokens", 82, "rollout.max_new_tokens", 1966)]
+    assert check_context(fitting, 2048, "x", None) == 2048
 
 
 def test_a_set_vllm_max_model_len_below_the_sequence_is_refused():
-    budgets = [Budget("data.max_prompt_tokens", 100, "rollout.max_new_tokens", 1000)]
+    budgets = [SequenceBudget("data.max_prompt_tokens", 100, "rollout.max_new_tokens", 1000)]
     with pytest.raises(ConfigError, match=r"1100 tokens exceed rollout.vllm.max_model_len=1024, where vLLM"):
         check_context(budgets, 4096, "x", 1024)
     assert check_context(budgets, 4096, "x", 1100) == 1100

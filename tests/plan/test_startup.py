@@ -13,7 +13,7 @@ from tokenpo.plan.cli import compose_train_config
 from tokenpo.plan.memory import device_type
 
 from test_context import start_up_errors
-from test_train_cli import GUARDED_TRAIN, REPO, start_error
+from test_train_cli import GUARDED_TRAIN, REPO, guarded_train, heavy_imports, start_error
 
 
 def test_a_plan_over_the_memory_limit_stops_before_the_model_loads(tmp_path):
@@ -24,6 +24,14 @@ def test_a_plan_over_the_memory_limit_stops_before_the_model_loads(tmp_path):
     error = errors[0]
     assert error.startswith(f"tokenpo: error: memory plan: {format_bytes(total)} per process exceeds "
                             f"trainer.memory_limit {format_bytes(total - 1)}; suggested: trainer.micro_batch_size=16")
+
+
+def test_the_tiny_models_refusal_counts_prompts_without_torch(tmp_path):
+    """The prompt lengths the plan needs come from the tiny model's byte tokenizer, built with transformers'
+    tokenizer alone: torch and transformers' model code (seconds) are never imported for the refusal."""
+    proc = guarded_train(tmp_path, "model=tiny", "trainer.memory_limit=1KiB")
+    assert "tokenpo: error: memory plan: " in proc.stderr and "HEAVY WORK" not in proc.stderr, proc.stderr
+    assert heavy_imports(proc) == ["transformers"]
 
 
 def test_a_bad_memory_limit_names_the_key(tmp_path):

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -64,19 +66,70 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     return log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
 
-def _head_logp(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float):
+@dataclass(frozen=True)
+class ChunkLogprobs:
+    """One head chunk's log-probs [n] of its target tokens and their entropies [n] (None when not asked for)."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor | None
+
+
+# (head, hidden [n, H], targets [n], temperature) -> the chunk's log-probs and entropies
+ChunkHead = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, float], ChunkLogprobs]
+
+
+def _tempered_logits(head: torch.nn.Module, hidden: torch.Tensor, temperature: float) -> torch.Tensor:
     # the head is called as a module (not through its weight) so ZeRO-3 gathers it
-    logits = head(hidden).float() / temperature
-    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1), logits
+    return head(hidden).float() / temperature
 
 
-def _chunk_logp(head, hidden, targets, temperature):
-    return _head_logp(head, hidden, targets, temperature)[0]
+def _target_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def _chunk_logp_entropy(head, hidden, targets, temperature):
-    logp, logits = _head_logp(head, hidden, targets, temperature)
-    return logp, token_entropy(logits)
+def logp_only(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+              temperature: float) -> ChunkLogprobs:
+    return ChunkLogprobs(_target_logp(_tempered_logits(head, hidden, temperature), targets), None)
+
+
+def logp_and_entropy(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+                     temperature: float) -> ChunkLogprobs:
+    """The entropy differentiable through the chunk's full softmax (an entropy-regularised loss)."""
+    logits = _tempered_logits(head, hidden, temperature)
+    return ChunkLogprobs(_target_logp(logits, targets), token_entropy(logits))
+
+
+def logp_and_detached_entropy(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+                              temperature: float) -> ChunkLogprobs:
+    """The entropy as a value only: computed from detached logits, so autograd keeps nothing for it."""
+    logits = _tempered_logits(head, hidden, temperature)
+    return ChunkLogprobs(_target_logp(logits, targets), token_entropy(logits.detach()))
+
+
+def recomputed(chunk_head: ChunkHead) -> ChunkHead:
+    """`chunk_head` re-run in the backward pass instead of keeping its logits (non-reentrant checkpoint: it stops
+    re-running once logp's saved tensors are back, so a detached entropy is not recomputed)."""
+    return functools.partial(checkpoint, chunk_head, use_reentrant=False)
+
+
+def chunk_head_function(with_entropy: bool, entropy_grad: bool, recompute_head: bool,
+                        grad_enabled: bool) -> ChunkHead:
+    """The per-chunk head function the flags ask for: which entropy (none, a value, differentiable), and whether
+    the backward pass recomputes the chunk. Without grad the entropy is a value and nothing is recomputed."""
+    if not with_entropy:
+        chunk_head = logp_only
+    elif entropy_grad and grad_enabled:
+        chunk_head = logp_and_entropy
+    else:
+        chunk_head = logp_and_detached_entropy
+    return recomputed(chunk_head) if recompute_head and grad_enabled else chunk_head
+
+
+def _scatter(chunks: list[torch.Tensor], rows: torch.Tensor, cols: torch.Tensor, shape: torch.Size,
+             device: torch.device) -> torch.Tensor:
+    """[B, T] fp32 zeros holding `chunks` (concatenated) at (rows, cols); differentiable in the chunks."""
+    out = torch.zeros(shape, dtype=torch.float32, device=device)
+    return out.index_put((rows, cols), torch.cat(chunks)) if chunks else out
 
 
 def length_buckets(lengths: list[int], overhead_tokens: int = 32) -> list[list[int]]:
@@ -206,31 +259,10 @@ def response_logprobs(
                                                            response_mask, group_size)
     flat_targets = response_ids[rows, cols]
     head = model.get_output_embeddings()
-    logp_chunks, entropy_chunks = [], []
-    for lo in range(0, flat_hidden.shape[0], chunk_tokens):
-        h, y = flat_hidden[lo : lo + chunk_tokens], flat_targets[lo : lo + chunk_tokens]
-        differentiable_entropy = with_entropy and entropy_grad and torch.is_grad_enabled()
-        if recompute_head and torch.is_grad_enabled():
-            if differentiable_entropy:
-                logp, entropy = checkpoint(_chunk_logp_entropy, head, h, y, temperature, use_reentrant=False)
-                logp_chunks.append(logp)
-                entropy_chunks.append(entropy)
-                continue
-            logp_chunks.append(checkpoint(_chunk_logp, head, h, y, temperature, use_reentrant=False))
-            if with_entropy:
-                with torch.no_grad():
-                    entropy_chunks.append(token_entropy(head(h).float() / temperature))
-            continue
-        logp, logits = _head_logp(head, h, y, temperature)
-        logp_chunks.append(logp)
-        if with_entropy:
-            entropy_chunks.append(token_entropy(logits if differentiable_entropy else logits.detach()))
-    logp = torch.zeros(response_mask.shape, dtype=torch.float32, device=flat_hidden.device)
-    if logp_chunks:
-        logp = logp.index_put((rows, cols), torch.cat(logp_chunks))
-    entropy = None
-    if with_entropy:
-        entropy = torch.zeros(response_mask.shape, dtype=torch.float32, device=flat_hidden.device)
-        if entropy_chunks:
-            entropy[rows, cols] = torch.cat(entropy_chunks)
-    return logp, entropy
+    chunk_head = chunk_head_function(with_entropy, entropy_grad, recompute_head, torch.is_grad_enabled())
+    chunks = [chunk_head(head, flat_hidden[lo : lo + chunk_tokens], flat_targets[lo : lo + chunk_tokens], temperature)
+              for lo in range(0, flat_hidden.shape[0], chunk_tokens)]
+    logp = _scatter([c.logp for c in chunks], rows, cols, response_mask.shape, flat_hidden.device)
+    if not with_entropy:
+        return logp, None
+    return logp, _scatter([c.entropy for c in chunks], rows, cols, response_mask.shape, flat_hidden.device)

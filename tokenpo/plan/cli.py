@@ -37,13 +37,13 @@ def run_world_size(cfg: TrainConfig) -> int:
 
 
 def describe(plan: MemoryPlan, cfg: TrainConfig) -> str:
-    s = plan.shapes
-    ds = cfg.deepspeed
+    shapes, deepspeed = plan.shapes, cfg.deepspeed
     lines = [
         f"memory plan per process: {cfg.model.name}, {plan.params:,} parameters ({plan.trainable_params:,} trained; "
-        f"{plan.architecture_source}); {s.world} process(es), ZeRO {ds.stage}, {ds.precision}",
-        f"shapes: prompt {s.prompt_tokens} + response {s.new_tokens} tokens; {s.rollout_rows} sequences generated "
-        f"at once; largest micro-batch {s.micro_rows} sequences ({s.micro_groups} prompt(s))",
+        f"{plan.architecture_source}); {shapes.world} process(es), ZeRO {deepspeed.stage}, {deepspeed.precision}",
+        f"shapes: prompt {shapes.prompt_tokens} + response {shapes.new_tokens} tokens; {shapes.rollout_rows} "
+        f"sequences generated at once; largest micro-batch {shapes.micro_rows} sequences ({shapes.micro_groups} "
+        "prompt(s))",
     ]
     width = max(len(part.name) for part in plan.parts)
     for part in plan.parts:
@@ -57,8 +57,9 @@ def describe(plan: MemoryPlan, cfg: TrainConfig) -> str:
                  f"phase's peak{verdict}")
     if plan.fits is False:
         if plan.suggestions:
-            lines.append(f"suggested change: {plan.suggestions[0][0]} (total {format_bytes(plan.suggestions[0][1])})")
-            lines += [f"  or {change} (total {format_bytes(total)})" for change, total in plan.suggestions[1:]]
+            first, *others = plan.suggestions
+            lines.append(f"suggested change: {first.change} (total {format_bytes(first.total_bytes)})")
+            lines += [f"  or {other.change} (total {format_bytes(other.total_bytes)})" for other in others]
         else:
             lines.append("no single listed change fits: more processes (ZeRO-3 shards by the process count), "
                          "shorter sequences or a smaller model")
@@ -93,12 +94,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         cfg = compose_train_config(args.overrides)
-        memory = parse_bytes(args.device_memory, "--device-memory") if args.device_memory else cuda_memory()
+        device_memory = parse_bytes(args.device_memory, "--device-memory") if args.device_memory else cuda_memory()
         world = args.world_size or run_world_size(cfg)
         if world < 1:
             raise ConfigError(f"--world-size must be >= 1, got {world}")
         prompt_tokens = run_prompt_lengths(cfg).train if args.prompt_tokens == "data" else args.prompt_tokens
-        plan = build_plan(cfg, world, memory, prompt_tokens, device=args.device)
+        plan = build_plan(cfg, world, device_memory, prompt_tokens, device=args.device)
     except ConfigError as err:
         print(f"tokenpo.plan: error: {err}", file=sys.stderr)
         sys.exit(2)

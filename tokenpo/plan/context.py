@@ -28,7 +28,7 @@ class PromptLengths:
 
 
 @dataclass(frozen=True)
-class Budget:
+class SequenceBudget:
     """One generation's sequence: its longest prompt and the response tokens allowed after it."""
 
     prompt_key: str  # the key that caps the prompt
@@ -51,7 +51,14 @@ def longest_prompt(examples: list[Example], tokenizer, data_cfg) -> int:
 
 
 def run_tokenizer(cfg: TrainConfig):
-    """The policy's tokenizer, as tokenpo.models.loading.load_model loads it, without its weights."""
+    """The policy's tokenizer, as tokenpo.models.loading.load_model loads it, without its weights, for counting
+    prompt tokens. The tiny model's built-in byte tokenizer is built without importing tokenpo.models.loading,
+    whose torch and transformers model code take seconds (most of a refused start-up's time); loading's padding
+    settings (for_generation) change no token count."""
+    if cfg.model.source == "tiny" and cfg.model.tokenizer_from is None:
+        from tokenpo.models.tiny_tokenizer import build_tiny_tokenizer
+
+        return build_tiny_tokenizer()
     from tokenpo.models.loading import load_tokenizer, resolve_pretrained_dir, tiny_tokenizer
 
     if cfg.model.source == "tiny":
@@ -72,18 +79,19 @@ def run_prompt_lengths(cfg: TrainConfig) -> PromptLengths:
     return PromptLengths(train=longest_prompt(train, tokenizer, cfg.data), eval=longest_eval)
 
 
-def generation_budgets(cfg: TrainConfig, prompts: PromptLengths) -> list[Budget]:
+def generation_budgets(cfg: TrainConfig, prompts: PromptLengths) -> list[SequenceBudget]:
     """Every sequence the run generates: training rollouts, and each benchmark's (eval.max_new_tokens, null: the
     rollout's)."""
-    budgets = [Budget("data.max_prompt_tokens", prompts.train, "rollout.max_new_tokens", cfg.rollout.max_new_tokens)]
+    budgets = [SequenceBudget("data.max_prompt_tokens", prompts.train, "rollout.max_new_tokens",
+                              cfg.rollout.max_new_tokens)]
     for bench in cfg.eval.benchmarks() if prompts.eval else []:
         key = "eval.max_new_tokens" if bench.max_new_tokens is not None else "rollout.max_new_tokens"
-        budgets.append(Budget("data.max_prompt_tokens", prompts.eval, key,
-                              bench.max_new_tokens or cfg.rollout.max_new_tokens))
+        budgets.append(SequenceBudget("data.max_prompt_tokens", prompts.eval, key,
+                                      bench.max_new_tokens or cfg.rollout.max_new_tokens))
     return budgets
 
 
-def check_context(budgets: list[Budget], context: int, where: str, max_model_len: int | None) -> int:
+def check_context(budgets: list[SequenceBudget], context: int, where: str, max_model_len: int | None) -> int:
     """The longest sequence of `budgets`; ConfigError (one line, naming both keys) when it exceeds the model's
     `context` positions or a set rollout.vllm.max_model_len."""
     longest = max(budgets, key=lambda budget: budget.total)

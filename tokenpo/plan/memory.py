@@ -7,7 +7,9 @@ import dataclasses
 import logging
 import math
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tokenpo import algorithms as alg
 from tokenpo.config import TrainConfig
@@ -38,6 +40,20 @@ class Shapes:
     micro_batches: int  # micro-batches of one optimizer step on one process (gradients accumulate over them)
 
 
+class Suggestion(NamedTuple):
+    """A listed change (as overrides) and the plan's total with it."""
+
+    change: str
+    total_bytes: int
+
+
+class ChangeOption(NamedTuple):
+    """One option of a listed change: its overrides and the config they give."""
+
+    change: str
+    cfg: TrainConfig
+
+
 @dataclass
 class MemoryPlan:
     parts: list[P.Part]
@@ -46,7 +62,7 @@ class MemoryPlan:
     trainable_params: int
     architecture_source: str
     device_memory: int | None
-    suggestions: list[tuple[str, int]] = field(default_factory=list)
+    suggestions: list[Suggestion] = field(default_factory=list)
 
     def phase_bytes(self, phase: str) -> int:
         return sum(part.bytes for part in self.parts if part.phase == phase)
@@ -80,7 +96,7 @@ class MemoryPlan:
             "shapes": dataclasses.asdict(self.shapes),
             "parts": {part.name: {"bytes": part.bytes, "phase": part.phase, "host_bytes": part.host_bytes,
                                   "note": part.note} for part in self.parts},
-            "suggestions": [{"change": change, "total_bytes": total} for change, total in self.suggestions],
+            "suggestions": [suggestion._asdict() for suggestion in self.suggestions],
         }
 
 
@@ -105,9 +121,9 @@ def run_shapes(cfg: TrainConfig, world: int, prompt_tokens: int | None) -> Shape
     g = cfg.rollout.group_size
     prompt = prompt_tokens or cfg.data.max_prompt_tokens or DEFAULT_PROMPT_TOKENS
     drawn = cfg.data.prompts_per_step
-    ds = cfg.algorithm.dynamic_sampling
-    if ds.enabled:
-        drawn = alg.prompts_per_round(drawn, ds.oversample, world)
+    dynamic_sampling = cfg.algorithm.dynamic_sampling
+    if dynamic_sampling.enabled:
+        drawn = alg.prompts_per_round(drawn, dynamic_sampling.oversample, world)
     groups_per_update = max(1, cfg.data.prompts_per_step // (world * cfg.trainer.mini_batches))
     rows = cfg.trainer.micro_batch_size
     if rows < g:
@@ -126,32 +142,33 @@ def build_plan(cfg: TrainConfig, world: int, device_memory: int | None = None, p
     """The plan of a run on `world` processes of `device` (cuda | cpu: only the runtime part differs)."""
     arch, source = model_architecture(cfg.model)
 
-    def plan(changed: TrainConfig) -> MemoryPlan:
+    def plan_of(changed: TrainConfig) -> MemoryPlan:
         return plan_for(changed, arch, source, world, device_memory, prompt_tokens, device)
 
-    result = plan(cfg)
+    result = plan_of(cfg)
     if suggest and result.fits is False:
-        result.suggestions = suggestions(cfg, plan, device_memory)
+        result.suggestions = suggestions(cfg, plan_of, device_memory)
     return result
 
 
 def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, device_memory: int | None,
              prompt_tokens: int | None, device: str) -> MemoryPlan:
-    ds, shapes = cfg.deepspeed, run_shapes(cfg, world, prompt_tokens)
+    deepspeed, shapes = cfg.deepspeed, run_shapes(cfg, world, prompt_tokens)
     params = num_parameters(arch)
     model_elem = P.DTYPE_BYTES[cfg.model.dtype]
-    elem = 2 if ds.precision == "bf16" else model_elem
+    elem = 2 if deepspeed.precision == "bf16" else model_elem
     lora = lora_rank(cfg) > 0
     trainable = lora_parameters(arch, cfg) if lora else params
-    offload_opt = ds.offload_optimizer
+    offload_opt = deepspeed.offload_optimizer
     parts = [
         P.runtime(device),
-        P.policy_weights(params + (trainable if lora else 0), elem, ds.stage, world, ds.offload_param),
+        P.policy_weights(params + (trainable if lora else 0), elem, deepspeed.stage, world, deepspeed.offload_param),
         # a reduce bucket never holds more than the gradients it reduces
-        P.gradients(trainable, elem, ds.stage, world, min(ds.reduce_bucket_size, trainable) if ds.stage >= 2 else 0),
-        P.optimizer_states(trainable, ds.stage, world, offload_opt),
-        P.master_weights(trainable, ds.stage, world, ds.precision, offload_opt),
-        P.reference_weights(params, elem, ds.stage, world, alg.needs_reference(cfg.algorithm), lora),
+        P.gradients(trainable, elem, deepspeed.stage, world,
+                    min(deepspeed.reduce_bucket_size, trainable) if deepspeed.stage >= 2 else 0),
+        P.optimizer_states(trainable, deepspeed.stage, world, offload_opt),
+        P.master_weights(trainable, deepspeed.stage, world, deepspeed.precision, offload_opt),
+        P.reference_weights(params, elem, deepspeed.stage, world, alg.needs_reference(cfg.algorithm), lora),
     ]
     rollout = cfg.rollout
     rollout_at = len(parts)  # where the rollout part is listed
@@ -162,13 +179,13 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
     head = P.head_chunks(arch, shapes.micro_rows * shapes.new_tokens, cfg.trainer.logit_chunk_tokens,
                          cfg.trainer.recompute_head, alg.needs_entropy_grad(cfg.algorithm))
     parts += [activations, head]
-    if ds.stage == 0 and shapes.micro_batches == 1:
+    if deepspeed.stage == 0 and shapes.micro_batches == 1:
         # one backward per optimizer step: its gradients replace the activations layer by layer (P.gradients_in_backward)
         at = next(i for i, part in enumerate(parts) if part.name == "gradients")
         output_layer = 0 if lora else arch.vocab_size * arch.hidden_size * elem
         parts[at] = P.gradients_in_backward(trainable, elem, output_layer, activations.bytes + head.bytes)
-    parts += P.zero3_gather(params, elem, ds.stage, world, ds.stage3_prefetch_bucket_size,
-                            ds.stage3_max_live_parameters, rollout.engine == "hf")
+    parts += P.zero3_gather(params, elem, deepspeed.stage, world, deepspeed.stage3_prefetch_bucket_size,
+                            deepspeed.stage3_max_live_parameters, rollout.engine == "hf")
     if rollout.engine == "vllm":
         # after the other parts: unsized, vLLM gets what they leave
         parts.insert(rollout_at, vllm_part(rollout.vllm, arch, shapes, params, model_elem, parts, device_memory,
@@ -223,78 +240,80 @@ def with_values(cfg: TrainConfig, **changes) -> TrainConfig:
     return out
 
 
-def smaller_micro_batches(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
+def smaller_micro_batches(cfg: TrainConfig) -> list[ChangeOption]:
     sizes = [cfg.trainer.micro_batch_size // 2**k for k in range(1, cfg.trainer.micro_batch_size.bit_length())]
-    return [(f"trainer.micro_batch_size={size}", with_values(cfg, trainer__micro_batch_size=size)) for size in sizes]
+    return [ChangeOption(f"trainer.micro_batch_size={size}", with_values(cfg, trainer__micro_batch_size=size))
+            for size in sizes]
 
 
-def activation_checkpointing(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
+def checkpointed_activations(cfg: TrainConfig) -> list[ChangeOption]:
     if cfg.model.gradient_checkpointing:
         return []
-    return [("model.gradient_checkpointing=true", with_values(cfg, model__gradient_checkpointing=True))]
+    return [ChangeOption("model.gradient_checkpointing=true", with_values(cfg, model__gradient_checkpointing=True))]
 
 
-def head_recompute(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
+def recomputed_head(cfg: TrainConfig) -> list[ChangeOption]:
     if cfg.trainer.recompute_head:
         return []
-    return [("trainer.recompute_head=true", with_values(cfg, trainer__recompute_head=True))]
+    return [ChangeOption("trainer.recompute_head=true", with_values(cfg, trainer__recompute_head=True))]
 
 
-def higher_zero_stage(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
-    return [(f"deepspeed=zero{stage}", with_values(cfg, deepspeed__stage=stage))
+def higher_zero_stage(cfg: TrainConfig) -> list[ChangeOption]:
+    return [ChangeOption(f"deepspeed=zero{stage}", with_values(cfg, deepspeed__stage=stage))
             for stage in range(cfg.deepspeed.stage + 1, 4)]
 
 
-def offload(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
-    ds, options = cfg.deepspeed, []
-    if ds.stage >= 1 and not ds.offload_optimizer:
-        options.append(("deepspeed.offload_optimizer=true", with_values(cfg, deepspeed__offload_optimizer=True)))
-    if not ds.offload_param:
-        zero3 = dataclasses.replace(ds, stage=3, offload_optimizer=True, offload_param=True)
-        options.append(("deepspeed=zero3_offload", dataclasses.replace(cfg, deepspeed=zero3)))
+def offload(cfg: TrainConfig) -> list[ChangeOption]:
+    deepspeed, options = cfg.deepspeed, []
+    if deepspeed.stage >= 1 and not deepspeed.offload_optimizer:
+        options.append(ChangeOption("deepspeed.offload_optimizer=true",
+                                    with_values(cfg, deepspeed__offload_optimizer=True)))
+    if not deepspeed.offload_param:
+        zero3 = dataclasses.replace(deepspeed, stage=3, offload_optimizer=True, offload_param=True)
+        options.append(ChangeOption("deepspeed=zero3_offload", dataclasses.replace(cfg, deepspeed=zero3)))
     return options
 
 
-def rollout_memory(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
+def rollout_memory(cfg: TrainConfig) -> list[ChangeOption]:
     """hf: vLLM instead, whose paged KV cache holds what fits in its share and schedules the rest; vLLM sized by
     its share of the device: a smaller share."""
     r = cfg.rollout
     if r.engine == "hf":
         vllm = dataclasses.replace(r, engine="vllm", vllm=dataclasses.replace(r.vllm, kv_cache_gib=None))
-        return [("rollout=vllm rollout.vllm.kv_cache_gib=null", dataclasses.replace(cfg, rollout=vllm))]
+        return [ChangeOption("rollout=vllm rollout.vllm.kv_cache_gib=null", dataclasses.replace(cfg, rollout=vllm))]
     if r.vllm.kv_cache_gib is not None or r.vllm.gpu_memory_utilization is None:
         return []  # a KV cache of set size, or vLLM taking only what the other parts leave
     shares = [round(r.vllm.gpu_memory_utilization - 0.05 * k, 2) for k in range(1, 20)]
-    return [(f"rollout.vllm.gpu_memory_utilization={u}", dataclasses.replace(
+    return [ChangeOption(f"rollout.vllm.gpu_memory_utilization={u}", dataclasses.replace(
         cfg, rollout=dataclasses.replace(r, vllm=dataclasses.replace(r.vllm, gpu_memory_utilization=u))))
         for u in shares if u > 0]
 
 
-def lora_adapters(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:
+def lora_adapters(cfg: TrainConfig) -> list[ChangeOption]:
     m = cfg.model
     if not hasattr(m, "lora") or lora_rank(cfg) > 0:
         return []
-    return [("model.lora.rank=16", dataclasses.replace(cfg, model=dataclasses.replace(
+    return [ChangeOption("model.lora.rank=16", dataclasses.replace(cfg, model=dataclasses.replace(
         m, lora=dataclasses.replace(m.lora, rank=16))))]
 
 
 # the listed changes, in the order a suggestion prefers them; each gives its options mildest first
-CHANGES = (smaller_micro_batches, activation_checkpointing, head_recompute, higher_zero_stage, offload,
+CHANGES = (smaller_micro_batches, checkpointed_activations, recomputed_head, higher_zero_stage, offload,
            rollout_memory, lora_adapters)
 
 
-def suggestions(cfg: TrainConfig, plan, device_memory: int) -> list[tuple[str, int]]:
+def suggestions(cfg: TrainConfig, plan_of: Callable[[TrainConfig], MemoryPlan],
+                device_memory: int) -> list[Suggestion]:
     """For each listed change (CHANGES), its mildest option that fits, with the total it gives; the first is the
     suggestion. When none fits alone: the changes' strongest options applied one after another, up to the first
     combination that fits (nothing when even all of them do not)."""
     def total(changed: TrainConfig) -> int:
-        return plan(changed).total_bytes
+        return plan_of(changed).total_bytes
 
     found = []
     for change_kind in CHANGES:
-        fitting = [(change, total(changed)) for change, changed in change_kind(cfg)]
-        fitting = [(change, bytes_) for change, bytes_ in fitting if bytes_ <= device_memory]
-        found += fitting[:1]
+        fitting = [Suggestion(option.change, total(option.cfg)) for option in change_kind(cfg)]
+        found += [suggestion for suggestion in fitting if suggestion.total_bytes <= device_memory][:1]
     if found:
         return found
     applied, changed = [], cfg
@@ -304,7 +323,7 @@ def suggestions(cfg: TrainConfig, plan, device_memory: int) -> list[tuple[str, i
             change, changed = options[-1]
             applied.append(change)
             if total(changed) <= device_memory:
-                return [(" ".join(applied), total(changed))]
+                return [Suggestion(" ".join(applied), total(changed))]
     return []
 
 
@@ -358,7 +377,7 @@ def check_memory_plan(cfg: TrainConfig, world: int, prompt_tokens: int) -> Memor
              format_bytes(plan.total_bytes), plan.peak_phase, of_limit, plan.shapes.prompt_tokens,
              plan.shapes.prompt_tokens)
     if plan.fits is False:
-        hint = (f"suggested: {plan.suggestions[0][0]} (plan {format_bytes(plan.suggestions[0][1])})"
+        hint = (f"suggested: {plan.suggestions[0].change} (plan {format_bytes(plan.suggestions[0].total_bytes)})"
                 if plan.suggestions else "no single listed change fits")
         raise ConfigError(f"memory plan: {format_bytes(plan.total_bytes)} per process exceeds {where} "
                           f"{format_bytes(limit)}; {hint}; python -m tokenpo.plan <the same overrides> lists its parts")
