@@ -35,7 +35,7 @@ def data_keys_under(key: str) -> Iterator[None]:
 
 @dataclass
 class DataConfig:
-    """The `data` config group; every field is documented in conf/data/*.yaml.
+    """The `data` config group (each field's help is the comment above its key in conf/data/arith.yaml).
 
     `path` (a local file, `{split}` replaced by the split name) takes precedence over the hub; a null
     `hub_id`/`prompt_key`/`answer_key` means the named loader's default. `answer_format`, `answer_pattern` and

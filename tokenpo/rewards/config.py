@@ -24,7 +24,7 @@ def _is_tag_name(value) -> bool:
 
 @dataclass
 class RewardConfig:
-    """The `reward` section; conf/reward/default.yaml mirrors it and documents each field."""
+    """The `reward` section; conf/reward/default.yaml writes each field with its help and default."""
 
     fn: str | None = setting(None,
         'User reward function "package.module:function" with verify\'s signature (response, gold) -> bool | null; null '

@@ -17,7 +17,7 @@ DEFAULT_MEMORY_SHARE = 0.3
 
 @dataclass
 class VLLMConfig:
-    """The `vllm` engine's settings (read only by it; conf/rollout/vllm.yaml says what each one is)."""
+    """The `vllm` engine's settings (read only by it; conf/rollout/vllm.yaml writes each with its help)."""
 
     dtype: str = setting("auto",
         "weights' dtype in vLLM: auto (the policy's, fp32 here) | float32 | bfloat16 | float16 (GPU runs: bfloat16)",
