@@ -9,13 +9,12 @@ from omegaconf import DictConfig, OmegaConf
 from tokenpo.algorithms.config import AlgorithmConfig, algorithm_config_from_dict
 from tokenpo.data.config import DataConfig, data_config_from_dict, data_keys_under
 from tokenpo.deepspeed.config import DeepSpeedConfig, check_precision
-from tokenpo.errors import ConfigError
 from tokenpo.evaluation.config import EvalConfig, data_keys
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.models.config import ModelConfig, model_config_from_dict
 from tokenpo.rewards.config import RewardConfig, resolve, reward_config_from_dict
 from tokenpo.rollout.config import RolloutConfig, require_sampler_logprobs, rollout_config_from_dict
-from tokenpo.schema import from_dict
+from tokenpo.schema import build, must_be, require
 from tokenpo.trainer.config import TrainerConfig
 
 GROUPS = ("algorithm", "model", "data", "reward", "rollout", "deepspeed", "logger", "eval", "trainer")
@@ -45,25 +44,20 @@ class TrainConfig:
         """The step's groups must split evenly over ranks and mini-batches (one-line error naming the numbers)."""
         groups = self.data.prompts_per_step
         parts = world_size * self.trainer.mini_batches
-        if groups % parts:
-            raise ConfigError(
+        require(groups % parts == 0,
                 f"data.prompts_per_step={groups} does not divide across {world_size} process(es) x "
-                f"trainer.mini_batches={self.trainer.mini_batches}; use a multiple of {parts}"
-            )
+                f"trainer.mini_batches={self.trainer.mini_batches}; use a multiple of {parts}")
 
 
 def build_config(tree: DictConfig | dict) -> TrainConfig:
     """Validate every group; the first bad value raises ConfigError with a one-line message naming its key."""
     plain = OmegaConf.to_container(tree, resolve=True) if isinstance(tree, DictConfig) else dict(tree)
     missing = [g for g in GROUPS if g not in plain]
-    if missing:
-        raise ConfigError(f"config lacks the group(s): {', '.join(missing)}")
+    require(not missing, f"config lacks the group(s): {', '.join(missing)}")
     unknown = sorted(set(plain) - set(GROUPS) - {"seed", "hydra"})
-    if unknown:
-        raise ConfigError(f"unknown top-level config keys: {', '.join(unknown)}")
+    require(not unknown, f"unknown top-level config keys: {', '.join(unknown)}")
     seed = plain.get("seed", 0)
-    if not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+    require(isinstance(seed, int) and seed >= 0, must_be("seed", "a non-negative integer", seed))
     data = data_config_from_dict(plain["data"])
     extras = plain["eval"].get("extra") or []
     for key, benchmark in zip(data_keys(extras), [plain["eval"], *extras]):
@@ -77,10 +71,10 @@ def build_config(tree: DictConfig | dict) -> TrainConfig:
         data=data,
         reward=reward_config_from_dict(plain["reward"]),
         rollout=rollout_config_from_dict(plain["rollout"]),
-        deepspeed=validated(from_dict(DeepSpeedConfig, plain["deepspeed"], "deepspeed")),
-        logger=validated(from_dict(LoggerConfig, plain["logger"], "logger")),
-        eval=validated(from_dict(EvalConfig, plain["eval"], "eval")),
-        trainer=validated(from_dict(TrainerConfig, plain["trainer"], "trainer")),
+        deepspeed=build(DeepSpeedConfig, plain["deepspeed"], "deepspeed"),
+        logger=build(LoggerConfig, plain["logger"], "logger"),
+        eval=build(EvalConfig, plain["eval"], "eval"),
+        trainer=build(TrainerConfig, plain["trainer"], "trainer"),
     )
     require_sampler_logprobs(config.algorithm.loss.tis_cap, config.rollout)
     check_precision(config.model.dtype, config.deepspeed.precision)
@@ -88,6 +82,7 @@ def build_config(tree: DictConfig | dict) -> TrainConfig:
 
 
 def validated(cfg):
+    """`cfg` after its `validate()` (for a config built by hand, as `tokenpo.evaluate` builds its model's)."""
     cfg.validate()
     return cfg
 

@@ -1,19 +1,153 @@
-"""Build typed config dataclasses from plain dicts: unknown keys and wrong types are one-line errors.
+"""Typed config dataclasses: each key written once, and checked in one style.
 
-Every config group's `*_config_from_dict` goes through `from_dict`, then runs its own `validate()`.
+A field is declared with `setting(default, help, <constraint>)`: its help is the YAML comment above the key in the
+group's default file (tests/test_conf.py compares them), its constraint (bounds, choices, a predicate) is checked by
+`check_fields` with one message format, `<key> must be <requirement>, got <value>`. `from_dict` builds a dataclass
+from a plain dict (unknown keys and wrong types are one-line errors); each config's `validate()` runs
+`check_fields`, then its cross-field rules, each one `require(ok, message)`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tokenpo.errors import ConfigError
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A field's own constraint; a null value of an optional field always passes it.
+
+    `choices` may be a function (a registry's `names`), read when a value is checked, so entries registered after
+    import count. `requirement` words the message where the generated wording (`>= 1`, `in (0, 1]`, `one of a, b`,
+    `null or ...`) is not the one users and tests already read.
+    """
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    finite: bool = False
+    choices: Sequence | Callable[[], Sequence] | None = None
+    check: Callable[[Any], bool] | None = None
+    requirement: str | None = None
+
+    def options(self) -> Sequence:
+        return self.choices() if callable(self.choices) else self.choices
+
+    def holds(self, value: Any, number: type | None) -> bool:
+        """Whether `value` meets the rule; `number` (int or float, from the field's type) for bounds and finite."""
+        if self.choices is not None and value not in self.options():
+            return False
+        if self.check is not None and not self.check(value):
+            return False
+        if number is None or not (self.finite or self._bounds()):
+            return True
+        if isinstance(value, bool) or not isinstance(value, (int, float) if number is float else int):
+            return False
+        return ((not self.finite or math.isfinite(value))
+                and (self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+
+    def wording(self, optional: bool) -> str:
+        """What the message says a value must be."""
+        if self.requirement is not None:
+            return self.requirement
+        if self.choices is not None:
+            text = f"one of {', '.join(str(option) for option in self.options())}"
+        else:
+            text = " ".join(part for part in ("a finite number" if self.finite else "", self._range()) if part)
+        return f"null or {text}" if optional else text
+
+    def _bounds(self) -> bool:
+        return any(bound is not None for bound in (self.ge, self.gt, self.le, self.lt))
+
+    def _range(self) -> str:
+        low = f"[{self.ge}" if self.ge is not None else f"({self.gt}" if self.gt is not None else None
+        high = f"{self.le}]" if self.le is not None else f"{self.lt})" if self.lt is not None else None
+        if low and high:
+            return f"in {low}, {high}"
+        if low:
+            return f"{'>=' if self.ge is not None else '>'} {low[1:]}"
+        if high:
+            return f"{'<=' if self.le is not None else '<'} {high[:-1]}"
+        return ""
+
+
+def setting(default: Any, help: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            lt: float | None = None, finite: bool = False, choices: Sequence | Callable[[], Sequence] | None = None,
+            check: Callable[[Any], bool] | None = None, requirement: str | None = None,
+            shipped: str | None = None) -> Any:
+    """A config field: its default, its help (what, unit, paper value and section: the YAML comment above the key
+    in the group's default file), its constraint (`Rule`), and `shipped`: why the default file sets another value
+    than `default`, where it does."""
+    constrained = finite or choices is not None or check is not None or any(
+        bound is not None for bound in (ge, gt, le, lt))
+    rule = Rule(ge, gt, le, lt, finite, choices, check, requirement) if constrained else None
+    metadata = {"help": help, "rule": rule, "shipped": shipped}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=functools.partial(list, default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def section(cls: type, help: str) -> Any:
+    """A field holding a nested config section (a dataclass with defaults of its own)."""
+    return dataclasses.field(default_factory=cls, metadata={"help": help, "rule": None, "shipped": None})
+
+
+def must_be(key: str, requirement: str, value: Any) -> str:
+    """The one wording of a bad value: `trainer.lr must be > 0, got 0`."""
+    return f"{key} must be {requirement}, got {value!r}"
+
+
+def require(ok: bool, message: str) -> None:
+    """A config rule: `message` (one line naming the key) as a ConfigError unless `ok`."""
+    if not ok:
+        raise ConfigError(message)
+
+
+def check_fields(cfg: Any, prefix: str) -> None:
+    """Each field of the dataclass `cfg` (not its sections: each checks its own) against its `setting` rule."""
+    hints = _hints(type(cfg))
+    for spec in dataclasses.fields(cfg):
+        rule = spec.metadata.get("rule")
+        if rule is not None:
+            check_value(rule, getattr(cfg, spec.name), hints[spec.name], f"{prefix}.{spec.name}")
+
+
+def check_value(rule: Rule, value: Any, hint: Any, key: str) -> None:
+    """`value` against a field's rule; `hint` (the field's type) says whether null passes and what a number is."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    optional = type(None) in options
+    if value is None and optional:
+        return
+    number = next((option for option in (float, int) if option in options), None)
+    require(rule.holds(value, number), must_be(key, rule.wording(optional), value))
+
+
+def check_field(cls: type, name: str, value: Any, key: str) -> None:
+    """`value`, which comes from elsewhere (a dataset's default), against the rule of the field `name` of `cls`."""
+    spec = next(spec for spec in dataclasses.fields(cls) if spec.name == name)
+    check_value(spec.metadata["rule"], value, _hints(cls)[name], key)
+
+
+def non_empty(value: Any) -> bool:
+    """A string with something in it besides spaces."""
+    return isinstance(value, str) and bool(value.strip())
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 def from_dict(cls: type[T], values: Any, prefix: str) -> T:
@@ -30,6 +164,13 @@ def from_dict(cls: type[T], values: Any, prefix: str) -> T:
         raise ConfigError(f"unknown key{'s' if len(unknown) > 1 else ''} {keys} (known: {', '.join(known)})")
     hints = typing.get_type_hints(cls)
     return cls(**{name: coerce(value, hints[name], f"{prefix}.{name}") for name, value in values.items()})
+
+
+def build(cls: type[T], values: Any, prefix: str) -> T:
+    """`from_dict`, then the config's own `validate()` (its fields' rules and its cross-field rules)."""
+    cfg = from_dict(cls, values, prefix)
+    cfg.validate()
+    return cfg
 
 
 def coerce(value: Any, hint: Any, key: str) -> Any:

@@ -27,14 +27,6 @@ def test_the_hf_and_vllm_engines_ship_a_config():
     assert [path.stem for path in YAMLS] == ["hf", "vllm"]
 
 
-@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.stem)
-def test_every_yaml_field_has_a_comment_above_it(path):
-    lines = path.read_text().splitlines()
-    for number, line in enumerate(lines):
-        if line.strip() and not line.lstrip().startswith("#"):
-            assert lines[number - 1].lstrip().startswith("#"), f"{path.name}:{number + 1} {line!r} has no comment"
-
-
 def test_vllm_yaml_keeps_the_hf_sampling_keys_and_adds_its_own():
     hf, vllm = train_config().rollout, train_config("rollout=vllm").rollout
     assert vllm.engine == "vllm"

@@ -7,30 +7,18 @@ functions of this package from these values and never looks at `name`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from tokenpo.algorithms.advantages import ADVANTAGES, GTPO_NORMS, SCALES, SCOPES, STATS_WEIGHTS
 from tokenpo.algorithms.aggregation import AGGREGATIONS
 from tokenpo.algorithms.dynamic_sampling import ON_EXHAUSTED
 from tokenpo.algorithms.kl import ENTROPY_REFERENCES, KL_ESTIMATORS, KL_MASKS, KL_TARGETS
 from tokenpo.algorithms.ratios import RATIOS
-from tokenpo.errors import ConfigError
-from tokenpo.schema import from_dict
+from tokenpo.schema import build, check_fields, must_be, non_empty, require, section, setting
 
 ROOT = "algorithm"
-
-
-def _require(ok: bool, key: str, requirement: str, value: Any) -> None:
-    if not ok:
-        raise ConfigError(f"{key} must be {requirement}, got {value!r}")
-
-
-def _require_choice(value: str, known: Iterable[str], key: str) -> None:
-    known = sorted(known)
-    _require(value in known, key, f"one of {', '.join(known)}", value)
 
 
 @dataclass
@@ -38,136 +26,146 @@ class RewardValuesConfig:
     """Sequence reward of a correct and of a wrong answer (before shaping); not the `reward` section
     (tokenpo.rewards.RewardConfig), which says how answers are checked."""
 
-    correct: float = 1.0
-    wrong: float = 0.0
+    correct: float = setting(1.0, "reward of a correct answer (score); GRPO: 1")
+    wrong: float = setting(0.0, "reward of a wrong or unparseable answer (score); GRPO: 0")
 
     def validate(self, path: str) -> None:
-        _require(self.correct > self.wrong, f"{path}.correct", f"> {path}.wrong ({self.wrong})", self.correct)
+        check_fields(self, path)
+        require(self.correct > self.wrong, must_be(f"{path}.correct", f"> {path}.wrong ({self.wrong})", self.correct))
 
 
 @dataclass
 class ShapingConfig:
-    soft_overlong: bool = False
-    overlong_cache_frac: float = 0.2
-    overlong_filter: bool = False
-    grop: bool = False
-    grop_gamma1: float = 0.75
-    grop_medium: bool = True
+    soft_overlong: bool = setting(False, "add DAPO's soft overlong punishment to the reward (bool)")
+    overlong_cache_frac: float = setting(0.2,
+        "DAPO L_cache as a fraction of L_max = rollout max_new_tokens (DAPO: 4096 of 20480 = 0.2); scales with "
+        "max_new_tokens, so short CPU runs keep the paper's proportion", gt=0, le=1)
+    overlong_filter: bool = setting(False,
+        "mask truncated responses out of the loss (bool; DAPO ablation rung, off in final DAPO)")
+    grop: bool = setting(False, "add GTPO's group-relative overlong punishment, GTPO App. D (bool)")
+    grop_gamma1: float = setting(0.75, "GROP 'easy question' threshold on n/G (fraction; not published, 0.75)",
+        gt=0, le=1)
+    grop_medium: bool = setting(True,
+        "GROP also in 'medium' groups (n > m but n/G < γ1), L+ then over all G lengths, GTPO App. D (bool; paper: true;"
+        " read only with grop)")
 
     def validate(self, path: str) -> None:
-        frac = self.overlong_cache_frac
-        _require(0 < frac <= 1, f"{path}.overlong_cache_frac", "in (0, 1]", frac)
-        _require(0 < self.grop_gamma1 <= 1, f"{path}.grop_gamma1", "in (0, 1]", self.grop_gamma1)
+        check_fields(self, path)
 
 
 @dataclass
 class AdvantageConfig:
-    estimator: str = "grpo"
-    scale: str = "std"
-    eps: float = 1e-6
-    alpha1: float = 1.0
-    alpha2: float = 0.1
-    beta1: float = 1.0
-    beta2: float = 0.1
-    norm: str = "joint"
-    scope: str = "group"
-    share_scope: str = "group"
-    stats_weight: str = "sequence"
+    estimator: str = setting("grpo", "advantage estimator: grpo | gtpo | grpo_s", choices=ADVANTAGES.names)
+    scale: str = setting("std", "divide by the std (std) or not (none, Dr. GRPO); GRPO: std", choices=sorted(SCALES))
+    eps: float = setting(1e-6, "added to every std and entropy denominator (1e-6 in GRPO)", gt=0)
+    alpha1: float = setting(1.0, "GTPO correctness weight α1, Eq. 3/5 (GTPO paper: 1; read by gtpo only)", ge=0)
+    alpha2: float = setting(0.1, "GTPO entropy weight α2, Eq. 3/5 (GTPO paper: 0.1; read by gtpo only)", ge=0)
+    beta1: float = setting(1.0, "GRPO-S correctness weight β1 (GTPO paper: 1; read by grpo_s only)", ge=0)
+    beta2: float = setting(0.1, "GRPO-S entropy weight β2 (GTPO paper: 0.1; read by grpo_s only)", ge=0)
+    norm: str = setting("joint",
+        "GTPO Eq. 6 normalisation: joint | per_polarity | per_polarity_padded | scale_only (read by gtpo only); joint: "
+        "no other reading measured significantly better on the testbed (docs/algorithms.md)", choices=GTPO_NORMS.names)
+    scope: str = setting("group",
+        "GTPO Eq. 6 statistics over one prompt's responses (group) or the step (batch) (gtpo only)",
+        choices=SCOPES.names)
+    share_scope: str = setting("group",
+        "entropy shares Σ_k H_k and counts d_t, h_t (GTPO Eq. 3/5; GRPO-S: n, m) over one prompt's responses (group) or"
+        " the step (batch) (gtpo, grpo_s)", choices=SCOPES.names)
+    stats_weight: str = setting("sequence",
+        "GTPO Eq. 6 statistics count each response once (sequence) or each token (token) (gtpo only); sequence keeps "
+        "the α2 = 0 → DAPO reduction exact", choices=STATS_WEIGHTS.names)
 
     def validate(self, path: str) -> None:
-        _require_choice(self.estimator, ADVANTAGES.names(), f"{path}.estimator")
-        _require_choice(self.scale, SCALES, f"{path}.scale")
-        _require(self.eps > 0, f"{path}.eps", "> 0", self.eps)
-        for name in ("alpha1", "alpha2", "beta1", "beta2"):
-            value = getattr(self, name)
-            _require(value >= 0, f"{path}.{name}", ">= 0", value)
-        _require_choice(self.norm, GTPO_NORMS.names(), f"{path}.norm")
-        _require_choice(self.scope, SCOPES.names(), f"{path}.scope")
-        _require_choice(self.share_scope, SCOPES.names(), f"{path}.share_scope")
-        _require_choice(self.stats_weight, STATS_WEIGHTS.names(), f"{path}.stats_weight")
+        check_fields(self, path)
 
 
 @dataclass
 class RatioConfig:
-    kind: str = "token"
+    kind: str = setting("token", "token | sequence_arithmetic | sequence_geometric | sequence_token; GRPO: token",
+        choices=RATIOS.names)
 
     def validate(self, path: str) -> None:
-        _require_choice(self.kind, RATIOS.names(), f"{path}.kind")
+        check_fields(self, path)
 
 
 @dataclass
 class LossConfig:
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
-    kl_coef: float = 0.04
-    kl_estimator: str = "k3"
-    kl_target: str = "ref"
-    kl_mask: str = "none"
-    kl_mask_entropy_ref: str = "old_token"
-    kl_mask_target: str = "old"
-    kl_mask_coef: float = 0.0
-    entropy_coef: float = 0.0
-    tis_cap: float | None = None
+    clip_low: float = setting(0.2,
+        "ε_low: the ratio is clipped below at 1 − ε_low; GRPO gives none; 0.2 is the convention", ge=0, lt=1)
+    clip_high: float = setting(0.2, "ε_high: the ratio is clipped above at 1 + ε_high; symmetric 0.2 in GRPO", ge=0)
+    dual_clip: float | None = setting(None, "dual-clip bound c on the loss of A < 0 tokens (null = off; 3.0 is usual)",
+        gt=1)
+    kl_coef: float = setting(0.04, "β of the per-token KL penalty added to the loss (0 = off); GRPO: 0.04", ge=0)
+    kl_estimator: str = setting("k3", "KL estimator for both KL terms: k1 | k2 | k3; GRPO: k3",
+        choices=KL_ESTIMATORS.names)
+    kl_target: str = setting("ref", "policy the β·KL term pulls towards: ref | old; GRPO: ref",
+        choices=sorted(KL_TARGETS))
+    kl_mask: str = setting("none", "token-level KL mask: none | tepo", choices=KL_MASKS.names)
+    kl_mask_entropy_ref: str = setting("old_token",
+        "entropy H_θ is compared with by the mask: old_token | group_mean | batch_mean",
+        choices=ENTROPY_REFERENCES.names)
+    kl_mask_target: str = setting("old", "policy the masked KL pulls towards: old | ref", choices=sorted(KL_TARGETS))
+    kl_mask_coef: float = setting(0.0, "β_mask of the masked KL (0 = off)", ge=0)
+    entropy_coef: float = setting(0.0,
+        "entropy bonus c: loss −= c · current entropy, aggregated like the loss (0 = off, no entropy gradient kept; "
+        "verl entropy_coeff, cleanrl ent_coef, PPO arXiv 1707.06347 Eq. 9 c2; none of our papers: 0; < 0 minimises "
+        "entropy)", finite=True)
+    tis_cap: float | None = setting(None,
+        "TIS cap C: weight each token's policy-gradient loss by min(π_train/π_sampler, C), the rollout engine's "
+        'log-probs as π_sampler (null = off; Yao et al. 2025 "Your Efficient RL Framework Secretly Brings You '
+        'Off-Policy RL Training": 2; needs an engine with log-probs, rollout=vllm)', gt=0)
 
     def validate(self, path: str) -> None:
-        _require(0 <= self.clip_low < 1, f"{path}.clip_low", "in [0, 1)", self.clip_low)
-        _require(self.clip_high >= 0, f"{path}.clip_high", ">= 0", self.clip_high)
-        if self.dual_clip is not None:
-            _require(self.dual_clip > 1, f"{path}.dual_clip", "null or > 1", self.dual_clip)
-        _require(self.kl_coef >= 0, f"{path}.kl_coef", ">= 0", self.kl_coef)
-        _require_choice(self.kl_estimator, KL_ESTIMATORS.names(), f"{path}.kl_estimator")
-        _require_choice(self.kl_target, KL_TARGETS, f"{path}.kl_target")
-        _require_choice(self.kl_mask, KL_MASKS.names(), f"{path}.kl_mask")
-        _require_choice(self.kl_mask_entropy_ref, ENTROPY_REFERENCES.names(), f"{path}.kl_mask_entropy_ref")
-        _require_choice(self.kl_mask_target, KL_TARGETS, f"{path}.kl_mask_target")
-        _require(self.kl_mask_coef >= 0, f"{path}.kl_mask_coef", ">= 0", self.kl_mask_coef)
-        # negative is allowed: entropy minimisation is an objective of its own
-        _require(math.isfinite(self.entropy_coef), f"{path}.entropy_coef", "a finite number", self.entropy_coef)
-        if self.tis_cap is not None:
-            _require(self.tis_cap > 0, f"{path}.tis_cap", "null or > 0", self.tis_cap)
+        check_fields(self, path)
 
 
 @dataclass
 class DynamicSamplingConfig:
-    enabled: bool = False
+    enabled: bool = setting(False,
+        "drop groups whose accuracy is all equal and sample more prompts (bool); off in GRPO")
     # the verl DAPO recipe's values (recipe/dapo/run_dapo_qwen2.5_32b.sh)
-    max_gen_batches: int = 10
-    oversample: float = 3.0
-    on_exhausted: str = "error"
+    max_gen_batches: int = setting(10,
+        "most generation rounds per step (count; DAPO paper: no cap stated; verl DAPO recipe max_num_gen_batches: 10)",
+        ge=1)
+    oversample: float = setting(3.0,
+        "prompts per round = ceil(oversample x data.prompts_per_step), rounded up to a multiple of the processes "
+        "(factor >= 1; verl DAPO recipe: gen_batch_size = 3 x train_batch_size)", ge=1)
+    on_exhausted: str = setting("error",
+        "when the rounds run out with fewer mixed groups than data.prompts_per_step: error | fill (all-equal groups) | "
+        "keep_partial (a smaller batch) (verl DAPO recipe: error)", choices=sorted(ON_EXHAUSTED))
 
     def validate(self, path: str) -> None:
-        _require(self.max_gen_batches >= 1, f"{path}.max_gen_batches", ">= 1", self.max_gen_batches)
-        _require(self.oversample >= 1, f"{path}.oversample", ">= 1", self.oversample)
-        _require_choice(self.on_exhausted, ON_EXHAUSTED, f"{path}.on_exhausted")
+        check_fields(self, path)
 
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "grpo"
-    reward: RewardValuesConfig = field(default_factory=RewardValuesConfig)
-    shaping: ShapingConfig = field(default_factory=ShapingConfig)
-    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
-    ratio: RatioConfig = field(default_factory=RatioConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
-    aggregation: str = "seq-mean-token-mean"
-    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    name: str = setting("grpo", "label shown in logs and run names; never used for branching",
+        check=non_empty, requirement="a non-empty label")
+    reward: RewardValuesConfig = section(RewardValuesConfig,
+        "sequence reward from the math-verify verdict")
+    shaping: ShapingConfig = section(ShapingConfig,
+        "length-based reward shaping and filtering of responses")
+    advantage: AdvantageConfig = section(AdvantageConfig, "per-token advantage")
+    ratio: RatioConfig = section(RatioConfig, "importance ratio")
+    loss: LossConfig = section(LossConfig, "clipped surrogate and KL terms")
+    aggregation: str = setting("seq-mean-token-mean",
+        "token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm; GRPO: seq-mean-token-mean",
+        choices=AGGREGATIONS.names)
+    dynamic_sampling: DynamicSamplingConfig = section(DynamicSamplingConfig, "DAPO dynamic sampling")
 
     def validate(self) -> None:
-        _require(bool(self.name.strip()), f"{ROOT}.name", "a non-empty label", self.name)
-        for section in dataclasses.fields(self):
-            value = getattr(self, section.name)
+        check_fields(self, ROOT)
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
             if dataclasses.is_dataclass(value):
-                value.validate(f"{ROOT}.{section.name}")
-        _require_choice(self.aggregation, AGGREGATIONS.names(), f"{ROOT}.aggregation")
+                value.validate(f"{ROOT}.{spec.name}")
 
 
 def algorithm_config_from_dict(data: Mapping[str, Any]) -> AlgorithmConfig:
     """Build and validate the config from a plain dict (e.g. OmegaConf.to_container(cfg.algorithm));
     absent keys take the GRPO defaults above."""
-    cfg = from_dict(AlgorithmConfig, data, ROOT)
-    cfg.validate()
-    return cfg
+    return build(AlgorithmConfig, data, ROOT)
 
 
 def needs_reference(cfg: AlgorithmConfig) -> bool:

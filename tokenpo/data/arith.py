@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 from tokenpo.data.example import Example
 from tokenpo.errors import ConfigError
+from tokenpo.schema import setting
 
 _NAMES = ("Tom", "Anna", "Ben", "Mia", "Leo", "Sara", "Omar", "Lily")
 _OBJECTS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "cards", "shells")
@@ -96,11 +97,13 @@ def split_counts(total: int, weights: list[float]) -> list[int]:
 class ArithConfig:
     """The curriculum: which levels, their sampling weights, split sizes and the seed fixing both splits."""
 
-    levels: list[int] = field(default_factory=lambda: [1, 2])
-    weights: list[float] = field(default_factory=lambda: [0.6, 0.4])
-    train_size: int = 120
-    eval_size: int = 64
-    seed: int = 0
+    levels: list[int] = setting([1, 2],
+        "Difficulty levels: 1 one-digit +/-, 2 two-digit +/-, 3 one-digit x one/two-digit, 4 two-step word problems.")
+    weights: list[float] = setting([0.6, 0.4], "Sampling weight of each level above (normalised), for both splits.")
+    train_size: int = setting(120,
+        "Number of training problems (level 1 has only 122 echo-proof problems in all, shared with eval).")
+    eval_size: int = setting(64, "Number of held-out eval problems, disjoint from training.")
+    seed: int = setting(0, "Seed fixing which problems land in each split (independent of the run seed).")
 
     def validate(self, prefix: str = "data.arith") -> None:
         if not isinstance(self.levels, list) or not self.levels:

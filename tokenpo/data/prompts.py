@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tokenpo.errors import ConfigError
+from tokenpo.schema import setting
 
 if TYPE_CHECKING:
     from tokenpo.data.config import DataConfig
@@ -26,10 +27,14 @@ class PromptTemplate:
     (plain substitution, so LaTeX braces in problems and formats need no escaping).
     """
 
-    mode: str = "chat"
-    system_prompt: str | None = None
-    instruction: str = ""
-    raw_format: str = "Question: {problem}\nAnswer:"
+    mode: str = setting("chat",
+        "chat = the tokenizer's chat template with the generation prompt; raw = plain text for base models.")
+    system_prompt: str | None = setting(None, "System message (null = the chat template's default).")
+    instruction: str = setting("",
+        "Text appended after the problem; asks for a boxed number so the reward can find it.",
+        shipped="each dataset asks for its answer in its own words; a template built in code asks nothing")
+    raw_format: str = setting("Question: {problem}\nAnswer:",
+        "Raw-mode text around the problem ({problem} = problem + instruction); unused in chat mode.")
 
     def validate(self, prefix: str = "data.template") -> None:
         if self.mode not in MODES:

@@ -4,48 +4,47 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenpo.errors import ConfigError
+from tokenpo.schema import check_fields, require, setting
 
 
 @dataclass
 class DeepSpeedConfig:
-    stage: int = 0
-    offload_optimizer: bool = False
-    offload_param: bool = False
-    precision: str = "fp32"
-    overlap_comm: bool = False
-    reduce_bucket_size: int = 50_000_000
-    stage3_prefetch_bucket_size: int = 50_000_000
-    stage3_max_live_parameters: int = 1_000_000_000
-    backend: str = "auto"
+    stage: int = setting(0, "ZeRO stage (0-3)", choices=(0, 1, 2, 3), requirement="0, 1, 2 or 3")
+    offload_optimizer: bool = setting(False,
+        "Keep optimizer states in CPU memory (ZeRO 1-3; slower, frees accelerator memory)")
+    offload_param: bool = setting(False, "Keep parameters in CPU memory (ZeRO-3 only)")
+    precision: str = setting("fp32",
+        "Training precision: fp32 | bf16 (bf16 needs an accelerator or a CPU with fast bf16)",
+        choices=("fp32", "bf16"), requirement="fp32 or bf16")
+    overlap_comm: bool = setting(False,
+        "Overlap gradient reduction with the backward pass (ZeRO-2 only, under tokenpo's caller-owned accumulation)")
+    reduce_bucket_size: int = setting(50_000_000, "Gradient bucket size in elements for reduce/all-reduce")
+    stage3_prefetch_bucket_size: int = setting(50_000_000, "Elements per ZeRO-3 parameter prefetch bucket")
+    stage3_max_live_parameters: int = setting(1_000_000_000,
+        "Most ZeRO-3 parameter elements gathered at once while training (DeepSpeed's default: 1e9)")
+    backend: str = setting("auto", "Backend for several processes: auto = nccl with GPUs, gloo on CPU",
+        choices=("auto", "nccl", "gloo"), requirement="auto, nccl or gloo")
 
     def validate(self) -> None:
-        if self.stage not in (0, 1, 2, 3):
-            raise ConfigError(f"deepspeed.stage must be 0, 1, 2 or 3, got {self.stage}")
-        if self.precision not in ("fp32", "bf16"):
-            raise ConfigError(f"deepspeed.precision must be fp32 or bf16, got {self.precision!r}")
-        if self.offload_param and self.stage != 3:
-            raise ConfigError(f"deepspeed.offload_param needs deepspeed.stage=3, got stage {self.stage}")
-        if self.offload_optimizer and self.stage == 0:
-            raise ConfigError("deepspeed.offload_optimizer needs deepspeed.stage >= 1")
-        if self.overlap_comm and self.stage != 2:
-            raise ConfigError("deepspeed.overlap_comm is only supported with deepspeed.stage=2")
-        if self.backend not in ("auto", "nccl", "gloo"):
-            raise ConfigError(f"deepspeed.backend must be auto, nccl or gloo, got {self.backend!r}")
+        check_fields(self, "deepspeed")
+        require(not self.offload_param or self.stage == 3,
+                f"deepspeed.offload_param needs deepspeed.stage=3, got stage {self.stage}")
+        require(not self.offload_optimizer or self.stage != 0, "deepspeed.offload_optimizer needs deepspeed.stage >= 1")
+        require(not self.overlap_comm or self.stage == 2,
+                "deepspeed.overlap_comm is only supported with deepspeed.stage=2")
 
 
 def check_precision(model_dtype: str, precision: str) -> None:
     """model.dtype x deepspeed.precision: each allowed pair trains with fp32 master weights (at every ZeRO stage, with
     or without LoRA); the others are refused in one line naming both keys."""
-    if model_dtype == "float16":
-        # fp16 needs a (dynamic) loss scale, which neither precision configures: small gradients underflow to 0
-        raise ConfigError("model.dtype=float16 trains without loss scaling (deepspeed.precision is fp32 or bf16): "
-                          "use model.dtype=bfloat16 with deepspeed.precision=bf16")
-    if model_dtype == "bfloat16" and precision == "fp32":
-        # without DeepSpeed's bf16 mode ZeRO-0 hands the bf16 weights to AdamW itself: an update below bf16's
-        # resolution (lr 1e-6 on a weight of 1) rounds away. One route per dtype, so refused at every stage
-        raise ConfigError("model.dtype=bfloat16 with deepspeed.precision=fp32 updates bf16 weights with no fp32 "
-                          "master copy: set deepspeed.precision=bf16 (fp32 master weights) or model.dtype=float32")
+    # fp16 needs a (dynamic) loss scale, which neither precision configures: small gradients underflow to 0
+    require(model_dtype != "float16", "model.dtype=float16 trains without loss scaling (deepspeed.precision is fp32 "
+                                      "or bf16): use model.dtype=bfloat16 with deepspeed.precision=bf16")
+    # without DeepSpeed's bf16 mode ZeRO-0 hands the bf16 weights to AdamW itself: an update below bf16's
+    # resolution (lr 1e-6 on a weight of 1) rounds away. One route per dtype, so refused at every stage
+    require(not (model_dtype == "bfloat16" and precision == "fp32"),
+            "model.dtype=bfloat16 with deepspeed.precision=fp32 updates bf16 weights with no fp32 master copy: set "
+            "deepspeed.precision=bf16 (fp32 master weights) or model.dtype=float32")
 
 
 def engine_json(cfg: DeepSpeedConfig, *, micro_batch_size: int, world_size: int, max_grad_norm: float) -> dict:

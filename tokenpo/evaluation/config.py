@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from tokenpo.errors import ConfigError
-from tokenpo.schema import from_dict
+from tokenpo.schema import check_fields, from_dict, require, setting
 
 # keys of the main benchmark that every eval.extra benchmark shares: evaluations happen together
 SHARED_KEYS = ("every_steps", "before_training", "extra")
@@ -20,19 +20,27 @@ def data_keys(extra) -> list[str]:
 
 @dataclass
 class EvalConfig:
-    name: str = "arith"
-    every_steps: int = 10
-    data: dict | None = None
-    max_problems: int | None = 64
-    greedy: bool = True
-    n: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int | None = None
-    pass_k: tuple = (1,)
-    batch_size: int = 64
-    before_training: bool = True
-    extra: tuple = ()
+    name: str = setting("arith", "Benchmark name in metric keys (eval/<name>/<metric>)")
+    every_steps: int = setting(10,
+        "Steps between held-out evaluations during training (0 = only before and after training)", ge=0)
+    data: dict | None = setting(None,
+        "The benchmark's data config (same schema as the `data` group); null = the training data's eval split")
+    max_problems: int | None = setting(64, "Problems evaluated (the first N; null = all)",
+        ge=1, requirement=">= 1 or null")
+    greedy: bool = setting(True, "Greedy decoding accuracy (the main job's before/after number)")
+    n: int = setting(0, "Samples per problem for mean@n, pass@k and maj@n (0 = greedy only)", ge=0)
+    temperature: float = setting(1.0, "Sampling temperature of the n samples", ge=0)
+    top_p: float = setting(1.0, "Nucleus mass of the n samples", gt=0, le=1)
+    max_new_tokens: int | None = setting(None, "Maximum response tokens (null = rollout.max_new_tokens)",
+        ge=1, requirement=">= 1 or null")
+    pass_k: tuple = setting((1,), "k values of pass@k (each <= n)")
+    batch_size: int = setting(64, "Responses generated per forward batch (memory knob)", ge=1)
+    before_training: bool = setting(True,
+        "Evaluate before the first step as well (verl's val_before_train); the untrained model's score is step 0 of the"
+        " curves")
+    extra: tuple = setting((),
+        "Further benchmarks evaluated at the same steps, each a mapping of the eval keys it changes from this one, name"
+        " required (metrics eval/<name>/...; records eval_after.<name>.json)")
 
     def benchmarks(self) -> list[EvalConfig]:
         """This benchmark, then each eval.extra entry: this config with the entry's keys replaced."""
@@ -45,38 +53,23 @@ class EvalConfig:
         return data_keys(self.extra)
 
     def validate(self) -> None:
+        check_fields(self, "eval")
         names = [self.name]
         for i, entry in enumerate(self.extra):
-            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-                raise ConfigError(f"eval.extra[{i}] must be a mapping of eval keys with a name, got {entry!r}")
+            require(isinstance(entry, dict) and isinstance(entry.get("name"), str),
+                    f"eval.extra[{i}] must be a mapping of eval keys with a name, got {entry!r}")
             shared = sorted(set(entry) & set(SHARED_KEYS))
-            if shared:
-                raise ConfigError(f"eval.extra[{i}] sets {', '.join(shared)}: extra benchmarks are evaluated "
-                                  "with the main one, set it on eval")
+            require(not shared, f"eval.extra[{i}] sets {', '.join(shared)}: extra benchmarks are evaluated with "
+                                "the main one, set it on eval")
             names.append(entry["name"])
-        if len(set(names)) != len(names):
-            raise ConfigError(f"eval.name and eval.extra names must differ (they name the metrics), got {names}")
+        require(len(set(names)) == len(names),
+                f"eval.name and eval.extra names must differ (they name the metrics), got {names}")
         for i, extra in enumerate(self.benchmarks()[1:]):
             try:
                 extra.validate()
             except ConfigError as err:
                 raise ConfigError(f"eval.extra[{i}] ({extra.name}): {err}") from None
-        if self.every_steps < 0:
-            raise ConfigError(f"eval.every_steps must be >= 0, got {self.every_steps}")
-        if self.n < 0:
-            raise ConfigError(f"eval.n must be >= 0, got {self.n}")
-        if not self.greedy and self.n == 0:
-            raise ConfigError("eval.greedy is false and eval.n is 0: nothing would be evaluated")
-        if self.max_problems is not None and self.max_problems < 1:
-            raise ConfigError(f"eval.max_problems must be >= 1 or null, got {self.max_problems}")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ConfigError(f"eval.max_new_tokens must be >= 1 or null, got {self.max_new_tokens}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ConfigError(f"eval.temperature must be >= 0 and eval.top_p in (0, 1], got {self.temperature}, {self.top_p}")
+        require(self.greedy or self.n > 0, "eval.greedy is false and eval.n is 0: nothing would be evaluated")
         bad = [k for k in self.pass_k
                if isinstance(k, bool) or not isinstance(k, int) or k < 1 or (self.n and k > self.n)]
-        if bad:
-            raise ConfigError(
-                f"eval.pass_k values must be whole numbers in [1, eval.n={self.n}], got {list(self.pass_k)}")
-        if self.batch_size < 1:
-            raise ConfigError(f"eval.batch_size must be >= 1, got {self.batch_size}")
+        require(not bad, f"eval.pass_k values must be whole numbers in [1, eval.n={self.n}], got {list(self.pass_k)}")

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from tokenpo.errors import ConfigError
-from tokenpo.schema import from_dict
+from tokenpo.schema import build, check_fields, must_be, require, section, setting
 
 SOURCES = ("gguf_package", "hub", "local", "tiny")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -28,32 +27,47 @@ ALL_LINEAR = "all-linear"
 class TinyConfig:
     """Shape of the randomly initialised test model (Llama architecture, SmolLM2 tokenizer)."""
 
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    intermediate_size: int = 128
+    hidden_size: int = setting(64, "Hidden width of the random Llama (its model dimension)", ge=1)
+    num_layers: int = setting(2, "Decoder layers of the random Llama", ge=1)
+    num_heads: int = setting(4,
+        "Attention heads of the random Llama (each of width hidden_size / num_heads, an even number)",
+        ge=1)
+    intermediate_size: int = setting(128, "MLP width of the random Llama", ge=1)
 
     def validate(self) -> None:
-        for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"model.tiny.{key} must be >= 1, got {getattr(self, key)}")
+        check_fields(self, "model.tiny")
         # transformers' LlamaConfig rejects these only when the model is built, in a 35-line traceback
         head_dim, rest = divmod(self.hidden_size, self.num_heads)
-        if rest or head_dim % 2:
-            raise ConfigError(f"model.tiny.num_heads={self.num_heads} must split model.tiny.hidden_size="
-                              f"{self.hidden_size} into heads of an even width (rotary embeddings rotate pairs)")
+        require(not rest and head_dim % 2 == 0,
+                f"model.tiny.num_heads={self.num_heads} must split model.tiny.hidden_size={self.hidden_size} into "
+                "heads of an even width (rotary embeddings rotate pairs)")
 
 
 @dataclass
 class LoraConfig:
     """LoRA adapters (built with PEFT) in place of full fine-tuning; rank 0 trains every weight."""
 
-    rank: int = 0
-    alpha: float = 32.0
-    dropout: float = 0.0
-    target_modules: str | list[str] = ALL_LINEAR
-    init: str = "default"
-    modules_to_save: list[str] = field(default_factory=list)
+    rank: int = setting(0,
+        'Adapter rank r; 0 = full fine-tuning, every weight trains (verl lora_rank: 0 = off; "LoRA Without Regret", '
+        "Schulman et al. 2025: rank 1 matches full fine-tuning in RL)",
+        ge=0, requirement=">= 1 (LoRA adapters of that rank) or 0 (full fine-tuning)")
+    alpha: float = setting(32.0,
+        'Scale numerator: the update is (alpha / r) * B A (PEFT lora_alpha; "LoRA Without Regret" uses 32 with 1/r '
+        "scaling)", gt=0)
+    dropout: float = setting(0.0,
+        "Dropout on the adapter's input in the update's forward, a probability; sampling, old-policy and reference "
+        'log-probs and evaluation run without it (PEFT lora_dropout; 0 in "LoRA Without Regret", verl and TRL\'s GRPO)',
+        ge=0, lt=1)
+    target_modules: str | list[str] = setting(ALL_LINEAR,
+        "Modules that get adapters: all-linear = every linear layer of the decoder, attention and MLP, not the output "
+        'layer (PEFT\'s "all-linear"; "LoRA Without Regret": MLP layers matter most), or a list of names, '
+        'e.g. [q_proj, '
+        "v_proj]")
+    init: str = setting("default",
+        "Initialisation: default (A Kaiming-uniform, B = 0: PEFT init_lora_weights=True) | gaussian (A ~ N(0, 1/r), B ="
+        " 0)")
+    modules_to_save: list[str] = setting([],
+        "Modules trained in full beside the adapters and saved with them (PEFT modules_to_save), e.g. [lm_head]; none")
 
     @property
     def enabled(self) -> bool:
@@ -69,65 +83,56 @@ class LoraConfig:
                 "modules_to_save": sorted(self.modules_to_save)}
 
     def validate(self) -> None:
-        if self.rank < 0:
-            raise ConfigError(f"model.lora.rank must be >= 1 (LoRA adapters of that rank) or 0 (full fine-tuning), "
-                              f"got {self.rank}")
+        check_fields(self, "model.lora")
         if not self.enabled:
-            if self.modules_to_save:
-                raise ConfigError("model.lora.modules_to_save applies to LoRA runs only: set model.lora.rank >= 1 "
-                                  "(with rank 0 every module trains)")
+            require(not self.modules_to_save, "model.lora.modules_to_save applies to LoRA runs only: set "
+                                              "model.lora.rank >= 1 (with rank 0 every module trains)")
             return
-        if self.alpha <= 0:
-            raise ConfigError(f"model.lora.alpha must be > 0, got {self.alpha}")
-        if not 0 <= self.dropout < 1:
-            raise ConfigError(f"model.lora.dropout must be in [0, 1), got {self.dropout}")
         init = str(self.init).lower()
-        if init in LORA_INITS_REFUSED or init.startswith("pissa_niter_"):
-            why = LORA_INITS_REFUSED.get(init, LORA_INITS_REFUSED["pissa"])
-            raise ConfigError(f"model.lora.init={self.init!r} {why}, so the base model with its adapters off would "
-                              f"not be the initial policy (the KL reference); use one of {', '.join(LORA_INITS)}")
-        if init not in LORA_INITS:
-            raise ConfigError(f"model.lora.init must be one of {', '.join(LORA_INITS)}, got {self.init!r}")
-        if isinstance(self.target_modules, str) and self.target_modules != ALL_LINEAR:
-            raise ConfigError(f"model.lora.target_modules must be {ALL_LINEAR!r} or a list of module names, "
-                              f"got {self.target_modules!r}")
-        if not self.target_modules:
-            raise ConfigError("model.lora.target_modules is empty: name the modules to adapt, or 'all-linear'")
+        refused = LORA_INITS_REFUSED["pissa"] if init.startswith("pissa_niter_") else LORA_INITS_REFUSED.get(init)
+        require(refused is None, f"model.lora.init={self.init!r} {refused}, so the base model with its adapters "
+                                 "off would not be the initial policy (the KL reference); use one of "
+                                 f"{', '.join(LORA_INITS)}")
+        require(init in LORA_INITS, must_be("model.lora.init", f"one of {', '.join(LORA_INITS)}", self.init))
+        require(not isinstance(self.target_modules, str) or self.target_modules == ALL_LINEAR,
+                must_be("model.lora.target_modules", f"{ALL_LINEAR!r} or a list of module names", self.target_modules))
+        require(bool(self.target_modules),
+                "model.lora.target_modules is empty: name the modules to adapt, or 'all-linear'")
 
 
 @dataclass
 class ModelConfig:
-    name: str = "smollm2_135m"
-    source: str = "gguf_package"
-    hub_id: str | None = None
-    path: str | None = None
-    gguf_package: str | None = None
-    gguf_file: str | None = None
-    tokenizer_from: str | None = None
-    cache_dir: str = "~/.cache/tokenpo/models"
-    dtype: str = "float32"
-    attn_implementation: str = "sdpa"
-    gradient_checkpointing: bool = False
-    trust_remote_code: bool = False
-    tiny: TinyConfig = field(default_factory=TinyConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
+    name: str = setting("smollm2_135m", "Name of the model (labels, cache folder)")
+    source: str = setting("gguf_package", "Where weights come from: gguf_package | hub | local | tiny", choices=SOURCES)
+    hub_id: str | None = setting(None, "Hub id used when the package is not installed",
+        shipped="the embedded default's weights; a model config without them has none")
+    path: str | None = setting(None, "Local Hugging Face folder (source=local)")
+    gguf_package: str | None = setting(None, "Python package that ships the GGUF file",
+        shipped="the embedded default's weights; a model config without them has none")
+    gguf_file: str | None = setting(None, "GGUF file name inside that package",
+        shipped="the embedded default's weights; a model config without them has none")
+    tokenizer_from: str | None = setting(None,
+        "Where to take the tokenizer from when source=tiny (a model config name)")
+    cache_dir: str = setting("~/.cache/tokenpo/models", "Cache of converted checkpoints")
+    dtype: str = setting("float32",
+        "Parameter dtype: float32 | bfloat16 (needs deepspeed.precision=bf16; slow on CPUs without AMX); float16 "
+        "refused", choices=DTYPES)
+    attn_implementation: str = setting("sdpa", "Attention kernel: sdpa | eager | flash_attention_2")
+    gradient_checkpointing: bool = setting(False, "Trade compute for memory in the backward pass")
+    trust_remote_code: bool = setting(False, "Run model code from the hub repo (needed by some architectures)")
+    tiny: TinyConfig = section(TinyConfig, "Shape of the random model (only used by source=tiny)")
+    lora: LoraConfig = section(LoraConfig,
+        "LoRA adapters in place of full fine-tuning (conf/model/lora/default.yaml; off: rank 0)")
 
     def validate(self) -> None:
-        if self.source not in SOURCES:
-            raise ConfigError(f"model.source must be one of {', '.join(SOURCES)}, got {self.source!r}")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"model.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.source == "hub" and not self.hub_id:
-            raise ConfigError("model.hub_id is required when model.source=hub")
-        if self.source == "local" and not self.path:
-            raise ConfigError("model.path is required when model.source=local")
-        if self.source == "gguf_package" and not (self.gguf_package and self.gguf_file):
-            raise ConfigError("model.gguf_package and model.gguf_file are required when model.source=gguf_package")
+        check_fields(self, "model")
+        require(self.source != "hub" or bool(self.hub_id), "model.hub_id is required when model.source=hub")
+        require(self.source != "local" or bool(self.path), "model.path is required when model.source=local")
+        require(self.source != "gguf_package" or bool(self.gguf_package and self.gguf_file),
+                "model.gguf_package and model.gguf_file are required when model.source=gguf_package")
         self.tiny.validate()
         self.lora.validate()
 
 
 def model_config_from_dict(d: dict) -> ModelConfig:
-    cfg = from_dict(ModelConfig, d, "model")
-    cfg.validate()
-    return cfg
+    return build(ModelConfig, d, "model")

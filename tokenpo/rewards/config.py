@@ -1,82 +1,88 @@
 """The `reward` config section: a typed schema checked at start-up, and its merge with dataset defaults."""
 
-import math
 import re
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-from tokenpo.errors import ConfigError
-from tokenpo.schema import from_dict
+from tokenpo.schema import build, check_field, check_fields, setting
 from tokenpo.rewards.extract import ANSWER_FORMATS, ANSWER_PATTERNS, FALLBACKS
 
 # Fields a dataset may set (arith: number + last_number; math: expression); null here defers to the dataset.
 DATASET_FIELDS = ("answer_format", "answer_pattern", "fallback")
 BUILTIN_DEFAULTS = {"answer_format": "auto", "answer_pattern": "boxed", "fallback": "none"}
-_CHOICES = {"answer_format": ANSWER_FORMATS, "answer_pattern": ANSWER_PATTERNS.names(), "fallback": FALLBACKS.names()}
 # An XML-like tag name, written without its angle brackets.
 _TAG_NAME_RE = re.compile(r"[A-Za-z_][\w-]*")
 
 
+def _is_entry_point(value) -> bool:
+    return isinstance(value, str) and value.count(":") == 1
+
+
+def _is_tag_name(value) -> bool:
+    return isinstance(value, str) and _TAG_NAME_RE.fullmatch(value) is not None
+
+
 @dataclass
 class RewardConfig:
-    """The `reward` section; conf/reward/default.yaml mirrors it and documents each field."""
+    """The `reward` section; conf/reward/default.yaml writes each field with its help and default."""
 
-    fn: str | None = None
-    answer_format: str | None = None
-    answer_pattern: str | None = None
-    fallback: str | None = None
-    reasoning_tag: str | None = "think"
-    format_weight: float = 0.0
-    timeout_s: float = 5.0
-    decimal_tolerance: float | None = None
-    num_workers: int = 2
-    worker_max_items: int | None = 1000
-    worker_max_rss_mb: int | None = 512
+    fn: str | None = setting(None,
+        'User reward function "package.module:function" with verify\'s signature (response, gold) -> bool | null; null '
+        "= built-in check.",
+        check=_is_entry_point, requirement="null or 'package.module:function'")
+    answer_format: str | None = setting(None,
+        "Answer check: number (one numeric literal, only a unit word beside it, compared exactly; `15 + 54` is wrong, "
+        "resists echoing the question), expression (math-verify equivalence), auto (number when the gold is a plain "
+        "number); null = the dataset's setting, else auto.",
+        choices=ANSWER_FORMATS)
+    answer_pattern: str | None = setting(None,
+        'Where the answer is asked for: boxed (last outermost \\boxed{}), answer_line (DAPO\'s last "Answer: '
+        '..."); null '
+        "= the dataset's setting, else boxed.",
+        choices=ANSWER_PATTERNS.names)
+    fallback: str | None = setting(None,
+        "If the asked-for form is absent: none (no answer, wrong), last_number (small models rarely box; gives "
+        "arithmetic data signal), last_dollar (last $...$); null = the dataset's setting, else none.",
+        choices=FALLBACKS.names)
+    reasoning_tag: str | None = setting("think",
+        "Reasoning block tag: only text after the last </think> is scored, and an unclosed block means no answer yet "
+        "(R1-style models); null = score the whole response.",
+        check=_is_tag_name, requirement="null or a tag name like think")
+    format_weight: float = setting(0.0,
+        "Reward added when the asked-for answer form is present (reward units, default 0 = off); a small value teaches "
+        "\\boxed{} but also pays wrong boxed answers.",
+        finite=True, ge=0)
+    # >= 1: below a second, ordinary answers on a loaded machine start to time out
+    timeout_s: float = setting(5.0,
+        'Wall-clock limit per response in seconds (>= 1, default 5); a pathological expression scores "timeout" (wrong)'
+        " within timeout_s + 0.5 s and a stuck worker is replaced.",
+        ge=1, requirement="a number of seconds >= 1")
+    decimal_tolerance: float | None = setting(None,
+        "Under expression: largest distance at which a decimal answer matches an exact gold such as 1/3, sqrt(2), pi "
+        "(5e-7 = right to 6 places); null/0 (default) = only an exactly equal decimal (0.5 for 1/2), refusing rounded "
+        "ones (math-verify's own 6-place rounding is a learnable hack).",
+        finite=True, ge=0)
+    num_workers: int = setting(2,
+        "Worker processes that score while the next batch generates (default 2); processes because the timeout timer "
+        "needs a main thread and a stuck one must be killed.",
+        ge=1, requirement="an integer >= 1")
+    worker_max_items: int | None = setting(1000,
+        "Items a worker scores before it is replaced by a fresh process (default 1000; sympy's caches grow up to ~0.14 "
+        "MB per distinct item); null = never.",
+        ge=1, requirement="null or an integer >= 1")
+    worker_max_rss_mb: int | None = setting(512,
+        "Resident memory in MB above which a worker is replaced after its item (default 512; a fresh one is ~80 MB); "
+        "null = no limit.",
+        ge=1, requirement="null or an integer >= 1")
 
     def validate(self) -> "RewardConfig":
-        if self.fn is not None and (not isinstance(self.fn, str) or self.fn.count(":") != 1):
-            raise ConfigError(f"reward.fn must be null or 'package.module:function', got {self.fn!r}")
-        for name in DATASET_FIELDS:
-            _check_choice(f"reward.{name}", name, getattr(self, name))
-        if self.reasoning_tag is not None and not (
-            isinstance(self.reasoning_tag, str) and _TAG_NAME_RE.fullmatch(self.reasoning_tag)
-        ):
-            raise ConfigError(f"reward.reasoning_tag must be null or a tag name like think, got {self.reasoning_tag!r}")
-        if not _is_number(self.format_weight) or not math.isfinite(self.format_weight) or self.format_weight < 0:
-            raise ConfigError(f"reward.format_weight must be a finite number >= 0, got {self.format_weight!r}")
-        # below a second, ordinary answers on a loaded machine start to time out
-        if not _is_number(self.timeout_s) or not self.timeout_s >= 1:
-            raise ConfigError(f"reward.timeout_s must be a number of seconds >= 1, got {self.timeout_s!r}")
-        if self.decimal_tolerance is not None and not (
-            _is_number(self.decimal_tolerance) and math.isfinite(self.decimal_tolerance) and self.decimal_tolerance >= 0
-        ):
-            raise ConfigError(
-                f"reward.decimal_tolerance must be null or a finite number >= 0, got {self.decimal_tolerance!r}"
-            )
-        if not _is_positive_int(self.num_workers):
-            raise ConfigError(f"reward.num_workers must be an integer >= 1, got {self.num_workers!r}")
-        for name in ("worker_max_items", "worker_max_rss_mb"):
-            if getattr(self, name) is not None and not _is_positive_int(getattr(self, name)):
-                raise ConfigError(f"reward.{name} must be null or an integer >= 1, got {getattr(self, name)!r}")
+        check_fields(self, "reward")
         return self
-
-
-def _check_choice(label: str, name: str, value) -> None:
-    if value is not None and value not in _CHOICES[name]:
-        raise ConfigError(f"{label} must be null or one of {', '.join(_CHOICES[name])}, got {value!r}")
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def reward_config_from_dict(section: Mapping) -> RewardConfig:
     """RewardConfig from the `reward` config section (a dict or DictConfig), validated."""
-    return from_dict(RewardConfig, dict(section.items()), "reward").validate()
+    return build(RewardConfig, dict(section.items()), "reward")
 
 
 def resolve(reward_cfg: RewardConfig, dataset_defaults: Mapping) -> RewardConfig:
@@ -89,6 +95,6 @@ def resolve(reward_cfg: RewardConfig, dataset_defaults: Mapping) -> RewardConfig
         value = getattr(reward_cfg, name)
         if value is None:
             value = dataset_defaults.get(name)
-            _check_choice(f"the dataset's default {name}", name, value)
+            check_field(RewardConfig, name, value, f"the dataset's default {name}")
         filled[name] = BUILTIN_DEFAULTS[name] if value is None else value
     return replace(reward_cfg, **filled).validate()

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from tokenpo.errors import ConfigError
-from tokenpo.schema import from_dict
+from tokenpo.schema import build, check_fields, require, section, setting
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # vLLM's sleep levels that free the KV cache: 1 offloads the weights to host memory, 2 discards them
@@ -18,35 +17,39 @@ DEFAULT_MEMORY_SHARE = 0.3
 
 @dataclass
 class VLLMConfig:
-    """The `vllm` engine's settings (read only by it; conf/rollout/vllm.yaml says what each one is)."""
+    """The `vllm` engine's settings (read only by it; conf/rollout/vllm.yaml writes each with its help)."""
 
-    dtype: str = "auto"
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float | None = None
-    kv_cache_gib: float | None = None
-    enforce_eager: bool | None = None
-    max_model_len: int | None = None
-    seed: int = 0
-    sleep_mode: bool = True
-    sleep_level: int = 2
+    dtype: str = setting("auto",
+        "weights' dtype in vLLM: auto (the policy's, fp32 here) | float32 | bfloat16 | float16 (GPU runs: bfloat16)",
+        choices=VLLM_DTYPES)
+    # colocated, one engine per trainer process: ranks sharing one tensor-parallel engine would have to generate the
+    # same groups, which the trainer's split of the groups over ranks does not do yet
+    tensor_parallel_size: int = setting(1,
+        "GPUs one engine spans (tensor parallel); only 1 for now: one colocated engine per trainer process",
+        choices=(1,),
+        requirement="1 (one colocated engine per trainer process; tensor parallelism is not supported yet)")
+    gpu_memory_utilization: float | None = setting(None,
+        "fraction of device memory vLLM may take, weights + KV cache + its working memory (null: on CUDA what the "
+        "memory plan's other parts leave it, logged at start; on CPU 0.3 of the RAM; TRL colocate default: 0.3)",
+        gt=0, le=1, requirement="in (0, 1]")
+    kv_cache_gib: float | None = setting(None,
+        "KV-cache size in GiB, overrides gpu_memory_utilization's sizing (null: on CUDA the rest of vLLM's share; CPU: "
+        "1)", gt=0)
+    enforce_eager: bool | None = setting(None,
+        "no CUDA graphs / torch.compile (null: false on CUDA, graphs on for faster decoding; true on CPU, fast start)")
+    max_model_len: int | None = setting(None,
+        "longest prompt + response in tokens (null: the model's max_position_embeddings)", ge=1)
+    seed: int = setting(0,
+        "vLLM's global RNG seed (each request carries its own seed, drawn from the run's seed, step and round)")
+    sleep_mode: bool = setting(True,
+        "release vLLM's memory for the worst-case pass and each policy update (vLLM sleep mode; GPUs only, "
+        "none on CPU)")
+    sleep_level: int = setting(2,
+        "2: KV cache and weights discarded (the sync rewrites them; verl, TRL colocate) | 1: weights offloaded to host "
+        "RAM", choices=SLEEP_LEVELS, requirement="1 or 2")
 
     def validate(self) -> None:
-        if self.dtype not in VLLM_DTYPES:
-            raise ConfigError(f"rollout.vllm.dtype must be one of {', '.join(VLLM_DTYPES)}, got {self.dtype!r}")
-        # colocated, one engine per trainer process: ranks sharing one tensor-parallel engine would have to generate
-        # the same groups, which the trainer's split of the groups over ranks does not do yet
-        if self.tensor_parallel_size != 1:
-            raise ConfigError(f"rollout.vllm.tensor_parallel_size must be 1 (one colocated engine per trainer "
-                              f"process; tensor parallelism is not supported yet), got {self.tensor_parallel_size}")
-        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
-            raise ConfigError(f"rollout.vllm.gpu_memory_utilization must be in (0, 1], "
-                              f"got {self.gpu_memory_utilization}")
-        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
-            raise ConfigError(f"rollout.vllm.kv_cache_gib must be null or > 0, got {self.kv_cache_gib}")
-        if self.sleep_level not in SLEEP_LEVELS:
-            raise ConfigError(f"rollout.vllm.sleep_level must be 1 or 2, got {self.sleep_level}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ConfigError(f"rollout.vllm.max_model_len must be null or >= 1, got {self.max_model_len}")
+        check_fields(self, "rollout.vllm")
 
 
 @dataclass(frozen=True)
@@ -74,41 +77,35 @@ def vllm_sizing(v: VLLMConfig, device: str) -> VLLMSizing:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"
-    group_size: int = 4
-    max_new_tokens: int = 32
-    temperature: float = 1.0
-    top_p: float = 1.0
-    share_prefill: bool = True
-    eos_tokens: tuple = ()
-    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    engine: str = setting("hf",
+        "Rollout engine (registry name): hf (the policy's own modules) | vllm (conf/rollout/vllm.yaml)")
+    group_size: int = setting(4, "Responses per prompt G (GRPO paper: 64; DAPO: 16; CPU demo: 4)", ge=1)
+    max_new_tokens: int = setting(32, "Maximum response length in tokens (DAPO paper: 20480; CPU demo: 32)", ge=1)
+    temperature: float = setting(1.0, "Sampling temperature (papers: 1.0)", ge=0)
+    top_p: float = setting(1.0, "Nucleus sampling mass (papers: 1.0 for training)", gt=0, le=1)
+    share_prefill: bool = setting(True, "Run each prompt's prefill once and share its KV cache across its G samples")
+    eos_tokens: tuple = setting((), "Extra token ids that end a response (the tokenizer's EOS always does)")
+    vllm: VLLMConfig = section(VLLMConfig,
+        "vLLM's own settings (read only by the vllm engine; share_prefill does not apply: vLLM's prefix cache shares "
+        "prompts)")
 
     def validate(self) -> None:
         from tokenpo.rollout.engine import ENGINES
 
         # the name only: an engine's package is needed where it runs (build_engine), not to validate a config
         ENGINES.check(self.engine)
-        if self.group_size < 1:
-            raise ConfigError(f"rollout.group_size must be >= 1, got {self.group_size}")
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"rollout.temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        check_fields(self, "rollout")
         self.vllm.validate()
 
 
 def rollout_config_from_dict(d: dict) -> RolloutConfig:
-    cfg = from_dict(RolloutConfig, d, "rollout")
-    cfg.validate()
-    return cfg
+    return build(RolloutConfig, d, "rollout")
 
 
 def require_sampler_logprobs(tis_cap: float | None, rollout: RolloutConfig) -> None:
     """Truncated importance sampling (algorithm.loss.tis_cap) weighs tokens by the engine's own log-probs."""
     from tokenpo.rollout.engine import ENGINES
 
-    if tis_cap is not None and not ENGINES.trait(rollout.engine, "logprobs"):
-        raise ConfigError(f"algorithm.loss.tis_cap={tis_cap} needs the rollout engine's log-probs, which "
-                          f"rollout.engine={rollout.engine} does not return: use rollout=vllm, or tis_cap=null")
+    require(tis_cap is None or bool(ENGINES.trait(rollout.engine, "logprobs")),
+            f"algorithm.loss.tis_cap={tis_cap} needs the rollout engine's log-probs, which rollout.engine="
+            f"{rollout.engine} does not return: use rollout=vllm, or tis_cap=null")

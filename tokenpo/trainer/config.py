@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenpo.errors import ConfigError
+from tokenpo.schema import check_fields, require, setting
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
 VERIFY_CHECKPOINTS = ("full", "sizes")
@@ -12,48 +12,68 @@ VERIFY_CHECKPOINTS = ("full", "sizes")
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 40
-    lr: float = 2e-5
-    warmup_steps: int = 2
-    lr_schedule: str = "constant"
-    weight_decay: float = 0.0
-    adam_betas: tuple = (0.9, 0.999)
-    max_grad_norm: float = 1.0
-    mini_batches: int = 1
-    micro_batch_size: int = 32
-    nproc: int = 1
-    dist_timeout_s: float = 7200.0
-    save_every: int = 0
-    keep_last: int = 2
-    resume: str = "auto"
-    verify_checkpoints: str = "full"
-    threads: int = 0
-    logit_chunk_tokens: int = 1024
-    recompute_head: bool = False
-    memory_limit: int | str | None = None
-    worst_case_first: bool | None = None
-    print_samples: int = 4
-    objective: str | None = "eval/accuracy"
+    max_steps: int = setting(30, "Training steps (one step = sample prompts, generate, reward, update)", ge=1)
+    lr: float = setting(2e-5, "Peak learning rate of AdamW (paper scale: 1e-6; the 135M CPU demo learns at 2e-5..5e-5)",
+        gt=0)
+    warmup_steps: int = setting(2,
+        "Linear warm-up in rollout steps before the peak learning rate; every mini-batch update of rollout step k uses "
+        "lr(k) (DAPO Sec. 4.1: 20 rollout steps)", ge=0)
+    lr_schedule: str = setting("constant",
+        "Learning-rate schedule after warm-up, over rollout steps (decay reaches 0 at max_steps): constant | cosine | "
+        "linear", choices=LR_SCHEDULES)
+    weight_decay: float = setting(0.0, "AdamW weight decay (verl/DAPO: 0.1; 0 keeps short runs simple)", ge=0)
+    adam_betas: tuple = setting((0.9, 0.999), "AdamW betas")
+    max_grad_norm: float = setting(1.0, "Gradient-norm clipping threshold (DAPO/verl: 1.0)", ge=0)
+    mini_batches: int = setting(1,
+        "Policy updates per rollout batch (1 = on-policy: old log-probs are the current ones, no extra pass; DAPO "
+        "paper: 16)", ge=1)
+    micro_batch_size: int = setting(32,
+        "Sequences per forward/backward pass on one process (memory knob; the result does not depend on it): whole "
+        "groups at >= rollout.group_size, below it a slice of one group's rows (down to 1, as verl's "
+        "ppo_micro_batch_size_per_gpu)", ge=1)
+    nproc: int = setting(1,
+        "Local worker processes this job starts itself (1 = none; >1 runs DeepSpeed over gloo/NCCL on this machine)",
+        ge=1)
+    dist_timeout_s: float = setting(7200.0,
+        "Seconds a collective (all-reduce, broadcast, barrier) waits for the slowest process before the run fails; a "
+        "DAPO round of 20k-token generations or rank 0 hashing a large checkpoint can outlast DeepSpeed's 10 min "
+        "default (verl: nccl_timeout 600, raised for long rollouts; ReaLHF: 7200 s, as generation can exceed an hour)",
+        gt=0)
+    save_every: int = setting(0,
+        "Save a resumable checkpoint every this many steps (0 = never; the final policy is still exported to final/)",
+        ge=0)
+    keep_last: int = setting(2,
+        "Resumable checkpoints kept on disk: the one just saved and the newest earlier ones by step (older ones are "
+        "deleted)", ge=1)
+    resume: str = setting("auto",
+        "Resume: auto (newest checkpoint in this run dir that verifies, if any) | none | <path to a checkpoint or run "
+        "dir>")
+    verify_checkpoints: str = setting("full",
+        "Checkpoint integrity: full (each process records, and on resume checks, the crc32 of the files it wrote; every"
+        " file's size too) | sizes (presence and sizes only: for checkpoints too large to read back at each save; "
+        "docs/reliability.md)", choices=VERIFY_CHECKPOINTS)
+    threads: int = setting(0, "Intra-op CPU threads per process (0 = torch's default)", ge=0)
+    logit_chunk_tokens: int = setting(1024,
+        "Response tokens per output-layer chunk when computing log-probs and entropy (bounds vocab-sized memory)", ge=1)
+    recompute_head: bool = setting(False,
+        "Recompute each output-layer chunk in backward instead of storing its logits (for 150k vocabularies on GPU)")
+    memory_limit: int | str | None = setting(None,
+        "Memory one process may use (bytes, or e.g. 80GiB); start-up refuses a run whose memory plan (python -m "
+        "tokenpo.plan) exceeds it (null: the CUDA device's memory; no limit on CPU)")
+    worst_case_first: bool | None = setting(None,
+        "One forward + backward at the largest shapes before step 1 (no optimizer step, no RNG use), so a run that will"
+        " not fit fails in its first minute (null: on with CUDA, off on CPU)")
+    print_samples: int = setting(4, "Sample question -> response -> verdict lines printed before and after training",
+        ge=0)
+    objective: str | None = setting("eval/accuracy",
+        "Metric whose value at the last step a job returns to its sweeper (Optuna's objective; docs/cluster.md): an "
+        "eval metric, e.g. eval/accuracy, eval/<benchmark>/pass@1 (null = return nothing)")
 
     def validate(self) -> None:
-        positive = ("max_steps", "mini_batches", "micro_batch_size", "nproc", "keep_last", "logit_chunk_tokens")
-        for key in positive:
-            if getattr(self, key) < 1:
-                raise ConfigError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("warmup_steps", "save_every", "threads", "print_samples", "weight_decay", "max_grad_norm"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"trainer.{key} must be >= 0, got {getattr(self, key)}")
-        for key in ("lr", "dist_timeout_s"):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"trainer.{key} must be > 0, got {getattr(self, key)}")
-        if self.verify_checkpoints not in VERIFY_CHECKPOINTS:
-            raise ConfigError(f"trainer.verify_checkpoints must be one of {', '.join(VERIFY_CHECKPOINTS)}, "
-                              f"got {self.verify_checkpoints!r}")
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ConfigError(f"trainer.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        check_fields(self, "trainer")
         if self.memory_limit is not None:
             from tokenpo.plan.units import parse_bytes
 
             parse_bytes(self.memory_limit, "trainer.memory_limit")
-        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
-            raise ConfigError(f"trainer.adam_betas must be two numbers in [0, 1), got {list(self.adam_betas)}")
+        require(len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas),
+                f"trainer.adam_betas must be two numbers in [0, 1), got {list(self.adam_betas)}")
