@@ -72,15 +72,15 @@ class Rule:
         return any(bound is not None for bound in (self.ge, self.gt, self.le, self.lt))
 
     def _range(self) -> str:
-        low = f"[{self.ge}" if self.ge is not None else f"({self.gt}" if self.gt is not None else None
-        high = f"{self.le}]" if self.le is not None else f"{self.lt})" if self.lt is not None else None
+        """The bounds as the messages write them: `>= 1`, `> 0`, `in [0, 1)`."""
+        low = f"[{self.ge}" if self.ge is not None else f"({self.gt}" if self.gt is not None else ""
+        high = f"{self.le}]" if self.le is not None else f"{self.lt})" if self.lt is not None else ""
         if low and high:
             return f"in {low}, {high}"
+        signs = {"[": ">=", "(": ">", "]": "<=", ")": "<"}
         if low:
-            return f"{'>=' if self.ge is not None else '>'} {low[1:]}"
-        if high:
-            return f"{'<=' if self.le is not None else '<'} {high[:-1]}"
-        return ""
+            return f"{signs[low[0]]} {low[1:]}"
+        return f"{signs[high[-1]]} {high[:-1]}" if high else ""
 
 
 def setting(default: Any, help: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
