@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_progress import env_without_progress_settings
 
+from support.cli import env_without_progress_settings
 from tokenpo.bench.settings import BenchSettings, hydra_overrides, train_config
 from tokenpo.bench.stats import PHASES, PeakMemory, forward_flops, summarise
 from tokenpo.errors import ConfigError

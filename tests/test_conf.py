@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from flatten import flat
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from support.flatten import flat
 import tokenpo
 from tokenpo import CONF_DIR
 

@@ -5,6 +5,7 @@ import re
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from support.config import train_config
 from tokenpo import CONF_DIR
 from tokenpo.errors import ConfigError
 from tokenpo.preflight import check_command_line, job_overrides
@@ -59,12 +60,7 @@ def test_hydra_commands_and_other_config_trees_are_left_to_hydra():
 
 
 def compose_config(*overrides: str):
-    from hydra import compose, initialize_config_dir
-
-    from tokenpo.config import build_config
-
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return build_config(compose("train", ["model=tiny", *overrides]))
+    return train_config("model=tiny", *overrides)
 
 
 EXTRA_GSM8K = "+eval.extra=[{name: gsm8k, data: ${eval.data}}]"

@@ -15,8 +15,8 @@ from pathlib import Path
 import accumulation_ranks as ranks
 import pytest
 import torch
-from multiproc_util import in_process_training, run_ranks
 
+from support.runs import in_process_training, run_ranks
 from tokenpo.deepspeed import dist
 
 STAGES = (0, 1, 2, 3)

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
+from support.config import compose_evaluate
 from tokenpo.errors import ConfigError
 # the one config location (tokenpo.CONF_DIR); importing tokenpo.evaluate registers its 'evaluate' config
-from tokenpo.evaluate import CONF_DIR
 from tokenpo.evaluation.cli import build_eval_run, report, run_evaluation
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,11 +43,6 @@ def run_dir(tmp_path_factory) -> Path:
     model.save_pretrained(run / "final")
     tokenizer.save_pretrained(run / "final")
     return run
-
-
-def compose_evaluate(overrides: list[str]):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("evaluate", overrides=overrides)
 
 
 def evaluate_cli(*args: str, cwd: Path) -> subprocess.Popen:

@@ -16,7 +16,7 @@ for helpers in (Path(__file__).resolve().parents[1] / "trainer", Path(__file__).
     if str(helpers) not in sys.path:
         sys.path.insert(0, str(helpers))
 
-from multiproc_util import run_ranks  # noqa: E402
+from support.runs import run_ranks  # noqa: E402
 from weight_stream_ranks import policy_model  # noqa: E402
 
 from tokenpo.models.config import ModelConfig, TinyConfig  # noqa: E402

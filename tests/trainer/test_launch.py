@@ -15,9 +15,12 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from multiproc_util import SMALL, by_step, cli_env, read_metrics, wait_for_step
 from transformers import AutoModelForCausalLM
 
+from support.config import SMALL
+from support.env import cli_env
+from support.metrics import by_step, read_metrics
+from support.runs import wait_for_step
 from tokenpo.trainer import launch
 
 PY = sys.executable

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from multiproc_util import REPO, by_step, cli_env, read_metrics
 
+from support.env import REPO, cli_env
+from support.metrics import by_step, read_metrics
 from tokenpo.trainer.config import TrainerConfig
 from tokenpo.trainer.optim import build_optimizer, lr_factor, set_step_lr
 

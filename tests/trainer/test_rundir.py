@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from multiproc_util import SMALL, cli_env, read_metrics
 
+from support.config import SMALL
+from support.env import cli_env
+from support.metrics import read_metrics
 from tokenpo.trainer import rundir
 
 EARLIER = {".hydra/overrides.yaml": "- seed=7\n", "metrics.jsonl": '{"step": 0}\n', "eval_before.json": "{}",

@@ -10,8 +10,10 @@ import subprocess
 import sys
 
 import pytest
-from multiproc_util import RANK_VARS, SMALL, by_step, cli_env, read_metrics
 
+from support.config import SMALL
+from support.env import RANK_VARS, cli_env
+from support.metrics import by_step, read_metrics
 from tokenpo.deepspeed.dist import free_port
 from tokenpo.errors import ConfigError
 from tokenpo.trainer import launch

@@ -4,8 +4,9 @@ log-probs run without dropout (tokenpo.models.modes), and the policy is back in 
 from __future__ import annotations
 
 import torch
-from multiproc_util import SMALL, in_process_training, train_run
 
+from support.config import SMALL
+from support.runs import in_process_training, train_run
 from tokenpo.trainer import update
 
 

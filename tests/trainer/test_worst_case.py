@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from multiproc_util import SMALL, by_step, deterministic, in_process_training, read_metrics, train_run
 
+from support.config import SMALL
+from support.metrics import by_step, deterministic, read_metrics
+from support.runs import in_process_training, train_run
 from tokenpo.errors import ConfigError
 from tokenpo.trainer import checkpoint, loop, worst_case
 
