@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from support.cli import env_without_progress_settings, run_in_pty
 
 # an evaluation of 6 problems (a stand-in policy), a tiny model saved with transformers and a folder hashed as a
@@ -50,6 +52,7 @@ print("LONG WORK DONE", metrics["accuracy"])
 """
 
 
+@pytest.mark.e2e
 def test_a_terminal_gets_bars_with_done_total_rate_and_time_left(tmp_path):
     out = run_in_pty([sys.executable, "-c", LONG_WORK, str(tmp_path / "model")], env_without_progress_settings())
     assert "LONG WORK DONE 0.0" in out
@@ -59,6 +62,7 @@ def test_a_terminal_gets_bars_with_done_total_rate_and_time_left(tmp_path):
     assert "checksums of model" in out and "Writing model shards" in out
 
 
+@pytest.mark.e2e
 def test_a_pipe_gets_no_bar_at_all(tmp_path):
     done = subprocess.run([sys.executable, "-c", LONG_WORK, str(tmp_path / "model")], capture_output=True,
                           text=True, env=env_without_progress_settings(), timeout=300)

@@ -89,6 +89,7 @@ def test_run_dir_with_samples_writes_eval_json_beside_the_run(run_dir, capsys):
     assert shown.count("Q: ") == 2
 
 
+@pytest.mark.e2e
 def test_cli_on_a_model_folder_with_a_benchmark_group(run_dir, tmp_path):
     (tmp_path / "gsm8k_test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in GSM8K_ROWS))
     proc = evaluate_cli(f"model_path={run_dir / 'final'}", "eval=gsm8k",
@@ -105,6 +106,7 @@ def test_cli_on_a_model_folder_with_a_benchmark_group(run_dir, tmp_path):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["gsm8k_test.jsonl", "out"]
 
 
+@pytest.mark.e2e
 def test_bad_input_exits_nonzero_with_one_line(tmp_path):
     procs = [evaluate_cli(f"model_path={tmp_path / 'missing'}", cwd=tmp_path),
              evaluate_cli(f"model_path={tmp_path}", "eval=nope", cwd=tmp_path)]

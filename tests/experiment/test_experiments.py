@@ -340,6 +340,7 @@ PAPER_SKIP = pytest.mark.skip(reason="paper-scale GPU setup (hub weights, 8 proc
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=PAPER_SKIP) if n in PAPER_SCALE else n for n in EXPERIMENTS])
+@pytest.mark.e2e
 def test_experiment_trains_one_step_on_cpu(name, tmp_path, process_group_of_one, own_signal_handlers):
     tree = compose_tree(f"experiment={name}", *CPU_STEP)
     cfg = build_config(tree)

@@ -90,6 +90,7 @@ def test_bad_samples_keys_name_the_key(key, value):
         LoggerConfig(**{key: value}).validate()
 
 
+@pytest.mark.e2e
 def test_a_training_run_logs_rollouts_and_eval_samples_to_wandb_and_the_run_dir(tmp_path):
     run_dir = tmp_path / "run"
     env = cli_env(WANDB_SILENT="true")

@@ -70,6 +70,7 @@ def test_rope_scaling_raises_the_context_as_qwen_documents_yarn():
     assert architecture_from_config(config, "x").context_length == 131072
 
 
+@pytest.mark.e2e
 def test_the_tiny_model_with_4000_new_tokens_stops_at_start_up(tmp_path):
     errors = start_up_errors(tmp_path, "model=tiny", "rollout.max_new_tokens=4000")
     assert len(errors) == 1

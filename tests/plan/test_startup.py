@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from support.cli import GUARDED_TRAIN, start_error, start_up_errors
 from support.env import REPO
 from tokenpo.plan import build_plan, format_bytes
@@ -15,6 +17,7 @@ from tokenpo.plan.cli import compose_train_config
 from tokenpo.plan.memory import device_type
 
 
+@pytest.mark.e2e
 def test_a_plan_over_the_memory_limit_stops_before_the_model_loads(tmp_path):
     # planned for the data's longest prompt: 82 tokens of the tiny tokenizer (tests/plan/test_context.py)
     total = build_plan(compose_train_config(["model=tiny"]), 1, prompt_tokens=82, device=device_type()).total_bytes
@@ -30,6 +33,7 @@ def test_a_bad_memory_limit_names_the_key(tmp_path):
     assert "trainer.memory_limit must be a byte count such as 85899345920, 80GiB or 80GB, got 'lots'" in error
 
 
+@pytest.mark.e2e
 def test_a_plan_within_the_limit_prints_its_total_and_goes_on(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
                                                                      os.environ.get("PYTHONPATH")])))

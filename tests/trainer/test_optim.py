@@ -68,6 +68,7 @@ def logged_lr(run_dir: Path, steps) -> list[float]:
     return [logged[step]["lr"] for step in steps]
 
 
+@pytest.mark.e2e
 def test_logged_lr_follows_the_rollout_step_with_four_mini_batches(tmp_path):
     train(tmp_path, "trainer.max_steps=3")
     # warm-up over steps 1-2 of 3, then the peak; per update it would have ended within step 1

@@ -114,6 +114,7 @@ def runs(tmp_path_factory):
                            checkpoint=checkpoint)
 
 
+@pytest.mark.e2e
 def test_sigusr2_saves_after_the_step_and_submitit_requeues(runs):
     assert runs.stopped["interrupted"] and runs.stopped["steps"] == 1 and runs.stopped["signal"] == signal.SIGUSR2
     assert runs.checkpoint["step"] == 1

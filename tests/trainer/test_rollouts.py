@@ -103,6 +103,7 @@ def test_without_dynamic_sampling_one_round_of_the_batch_is_kept_as_drawn():
         "dynamic_sampling/batch_groups": 4.0}
 
 
+@pytest.mark.e2e
 def test_partial_batches_train_and_an_empty_one_skips_the_update(tmp_path):
     """A tiny DAPO run under keep_partial: each step trains on the mixed groups that split over 2 mini-batches;
     a step with none left logs its sampling counts and no update."""

@@ -68,6 +68,7 @@ def runs(tmp_path_factory) -> dict:
     return {"dir": out, "messages": messages, "in_check": in_check, "at_step": at_step}
 
 
+@pytest.mark.e2e
 def test_metrics_are_bit_identical_with_the_check_on_or_off(runs):
     off, on = by_step(read_metrics(runs["dir"] / "off")), by_step(read_metrics(runs["dir"] / "on"))
     assert sorted(off) == sorted(on) == [0, 1, 2]
