@@ -187,6 +187,7 @@ HEAVY_MODULES = ("torch", "transformers", "deepspeed")
     (BROKEN_DATA["a number as problem"], ["data=file", "data.eval_split=null"]),
     (("gsm8k.jsonl", *BROKEN_BENCHMARK["a number as question"]), ["eval=gsm8k"]),
 ], ids=["empty", "malformed line", "CSV answer cells empty", "number as problem", "benchmark: number as question"])
+@pytest.mark.e2e
 def test_the_cli_stops_on_a_broken_data_file_in_one_line_before_torch_is_imported(tmp_path, case, overrides):
     import os
     import subprocess

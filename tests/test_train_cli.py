@@ -21,6 +21,8 @@ from support.config import SMALL
 from support.env import REPO, cli_env
 from support.metrics import read_metrics
 
+# every test runs `python -m tokenpo.train` in a subprocess: a training run, or a start stopped by its checks
+pytestmark = pytest.mark.e2e
 STEP_KEYS = ("step", "reward/mean", "accuracy", "entropy/mean", "response_length/mean", "kl/ref", "loss", "grad_norm",
              "lr", "timing/generate_s", "timing/update_s", "timing/step_s", "throughput/tokens_per_s")
 
@@ -30,7 +32,6 @@ def train(*overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.e2e
 def test_two_step_run_logs_every_metric_and_updates_the_model(tmp_path):
     run_dir = tmp_path / "run"
     proc = train(*SMALL, "trainer.max_steps=2", f"hydra.run.dir={run_dir}")
@@ -55,7 +56,6 @@ def test_two_step_run_logs_every_metric_and_updates_the_model(tmp_path):
     assert_trained_from_seed(run_dir / "final", seed=0, lr=lines[-1]["lr"])
 
 
-@pytest.mark.e2e
 def test_extra_benchmark_is_evaluated_beside_the_main_one_and_before_training_can_be_skipped(tmp_path):
     """eval.extra: its metrics under eval/<name>/ and its records in eval_after.<name>.json, eval/accuracy stays the
     main benchmark's; eval.before_training=false: no step-0 line, no eval_before files, the run is otherwise alike."""
@@ -78,7 +78,6 @@ def test_extra_benchmark_is_evaluated_beside_the_main_one_and_before_training_ca
     assert json.loads((runs["skip"] / "summary.json").read_text())["eval_before"] is None
 
 
-@pytest.mark.e2e
 def test_entropy_bonus_trains_through_the_recomputed_head(tmp_path):
     """algorithm.loss.entropy_coef reaches the loss with the entropy's gradient (the loss refuses a detached one),
     under the chunked head recompute; DAPO's token-mean makes the logged term exactly −c · mean entropy."""
@@ -109,7 +108,6 @@ def assert_trained_from_seed(final: Path, seed: int, lr: float) -> None:
     assert sum(value > 0 for value in moved.values()) >= len(moved) // 2, moved
 
 
-@pytest.mark.e2e
 def test_algorithm_by_seed_sweep_then_compare(tmp_path):
     """The issue's check: a 2-algorithm x 2-seed multirun on the tiny model, then tokenpo.compare on its folder."""
     sweep = tmp_path / "sweep"
@@ -177,7 +175,6 @@ def test_bad_overrides_fail_fast_with_one_line_naming_the_key(tmp_path):
 
 @pytest.mark.parametrize("overrides", [["model=tiny"], ["model=tiny", "trainer.nproc=2", "deepspeed=zero3"],
                                        ["model=tiny", "rollout=vllm"]])
-@pytest.mark.e2e
 def test_every_start_up_check_passes_before_deepspeed_is_imported(tmp_path, overrides):
     proc = guarded_train(tmp_path, *overrides)
     assert "HEAVY WORK STARTED" in proc.stderr, proc.stderr  # validation finished: the run was about to start

@@ -16,8 +16,10 @@ from tokenpo.plan import build_plan, format_bytes
 from tokenpo.plan.cli import compose_train_config
 from tokenpo.plan.memory import device_type
 
+# every test starts `python -m tokenpo.train` in a subprocess
+pytestmark = pytest.mark.e2e
 
-@pytest.mark.e2e
+
 def test_a_plan_over_the_memory_limit_stops_before_the_model_loads(tmp_path):
     # planned for the data's longest prompt: 82 tokens of the tiny tokenizer (tests/plan/test_context.py)
     total = build_plan(compose_train_config(["model=tiny"]), 1, prompt_tokens=82, device=device_type()).total_bytes
@@ -33,7 +35,6 @@ def test_a_bad_memory_limit_names_the_key(tmp_path):
     assert "trainer.memory_limit must be a byte count such as 85899345920, 80GiB or 80GB, got 'lots'" in error
 
 
-@pytest.mark.e2e
 def test_a_plan_within_the_limit_prints_its_total_and_goes_on(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
                                                                      os.environ.get("PYTHONPATH")])))

@@ -155,6 +155,7 @@ def run_cli(args: list[str], cwd: Path, *, env: dict | None = None, timeout: flo
     (["trainer.nproc=2"], {"WORLD_SIZE": "2", "RANK": "0"},
      "trainer.nproc=2 starts local workers itself; under an external launcher (WORLD_SIZE=2) leave trainer.nproc at 1"),
 ])
+@pytest.mark.e2e
 def test_batch_and_process_count_are_checked_before_any_work(tmp_path, extra, env, message):
     result = run_cli([PY, "-m", "tokenpo.train", *SMALL, *extra, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
                      env=cli_env(**env), timeout=60)
