@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # The tests: set up, then run the suite (tiny models, a few steps; `-m slow` selects the long end-to-end checks),
 # then the vLLM engine's tests (`-m vllm`) in the environment of scripts/setup_vllm.sh, with the same arguments.
+# `scripts/test.sh --fast [args]`: the fast unit tier only (no multi-process, end-to-end, slow or vLLM test; no vLLM
+# environment), for the edit-test loop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+FAST_TIER="not slow and not vllm and not multiproc and not e2e"
 PY="$(bash scripts/setup.sh | tail -n 1)"
-VLLM_PY="$(bash scripts/setup_vllm.sh | tail -n 1)"
 export WANDB_MODE=disabled
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  exec "$PY" -m pytest -q -m "$FAST_TIER" "$@"
+fi
+VLLM_PY="$(bash scripts/setup_vllm.sh | tail -n 1)"
 status=0
 "$PY" -m pytest -q "$@" || status=$?
 vllm_status=0

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_progress import env_without_progress_settings
 
+from support.cli import env_without_progress_settings
 from tokenpo.bench.settings import BenchSettings, hydra_overrides, train_config
 from tokenpo.bench.stats import PHASES, PeakMemory, forward_flops, summarise
 from tokenpo.errors import ConfigError
@@ -181,6 +181,7 @@ def test_trl_reward_is_tokenpos_verdict():
     assert reward(completions, ["12", "12", "12", "12"]) == [1.0, 0.0, 0.0, 1.0]
 
 
+@pytest.mark.e2e
 def test_bench_cli_writes_the_result_json_of_a_real_tiny_run(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "tokenpo.bench", "--model", "tiny", "--steps", "2", "--prompts", "2",
@@ -214,6 +215,7 @@ def test_bench_cli_writes_the_result_json_of_a_real_tiny_run(tmp_path):
     assert "tokenpo" in done.stdout and "median step" in done.stdout
 
 
+@pytest.mark.e2e
 def test_a_piped_bench_shows_no_library_bar(tmp_path):
     """A model loaded from a folder makes transformers draw its "Loading weights" bar; through a pipe (a log file,
     `tee`) the bench and its workers keep every library bar off, as tokenpo.train does."""
@@ -277,6 +279,7 @@ def test_trl_trains_the_same_lora_adapters_with_the_base_as_reference(tmp_path):
         assert adapters_off(theirs)
 
 
+@pytest.mark.e2e
 def test_bench_cli_measures_full_and_lora_ranks_in_one_run(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "tokenpo.bench", "--model", "tiny", "--steps", "2", "--prompts", "2",

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import yaml
-from flatten import flat
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from support.flatten import flat
 import tokenpo
 from tokenpo import CONF_DIR
 from tokenpo.config import GROUPS, TrainConfig

@@ -5,6 +5,7 @@ import re
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from support.config import train_config
 from tokenpo import CONF_DIR
 from tokenpo.errors import ConfigError
 from tokenpo.preflight import check_command_line, job_overrides
@@ -59,12 +60,7 @@ def test_hydra_commands_and_other_config_trees_are_left_to_hydra():
 
 
 def compose_config(*overrides: str):
-    from hydra import compose, initialize_config_dir
-
-    from tokenpo.config import build_config
-
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return build_config(compose("train", ["model=tiny", *overrides]))
+    return train_config("model=tiny", *overrides)
 
 
 EXTRA_GSM8K = "+eval.extra=[{name: gsm8k, data: ${eval.data}}]"
@@ -191,6 +187,7 @@ HEAVY_MODULES = ("torch", "transformers", "deepspeed")
     (BROKEN_DATA["a number as problem"], ["data=file", "data.eval_split=null"]),
     (("gsm8k.jsonl", *BROKEN_BENCHMARK["a number as question"]), ["eval=gsm8k"]),
 ], ids=["empty", "malformed line", "CSV answer cells empty", "number as problem", "benchmark: number as question"])
+@pytest.mark.e2e
 def test_the_cli_stops_on_a_broken_data_file_in_one_line_before_torch_is_imported(tmp_path, case, overrides):
     import os
     import subprocess

@@ -3,15 +3,12 @@ lines when output goes to a pipe, where the libraries' own bars (transformers' "
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
-import select
-import struct
 import subprocess
 import sys
-import termios
-from pathlib import Path
+
+import pytest
+
+from support.cli import env_without_progress_settings, run_in_pty
 
 # an evaluation of 6 problems (a stand-in policy), a tiny model saved with transformers and a folder hashed as a
 # checkpoint's manifest is: the three kinds of long work, as tokenpo.train and tokenpo.evaluate start them
@@ -58,39 +55,7 @@ print("LONG WORK DONE", metrics["accuracy"])
 """
 
 
-def run_in_pty(argv: list[str], env: dict, silence_s: float = 120) -> str:
-    """Everything the command writes to a terminal (stdout and stderr are the pty); killed after `silence_s` without
-    output."""
-    leader, follower = pty.openpty()
-    # a terminal 120 columns wide (a fresh pty is 0 x 0, in which a bar has no room)
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    proc = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, env=env, close_fds=True)
-    os.close(follower)
-    chunks = []
-    while True:
-        ready, _, _ = select.select([leader], [], [], silence_s)
-        if not ready:
-            proc.kill()
-            break
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # the follower side closed: the command exited
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    proc.wait(timeout=60)
-    os.close(leader)
-    assert proc.returncode == 0, b"".join(chunks).decode(errors="replace")[-3000:]
-    return b"".join(chunks).decode(errors="replace")
-
-
-def env_without_progress_settings(env: dict | None = None) -> dict:
-    """`env` (default: this process's) without the switches that turn bars off."""
-    env = os.environ if env is None else env
-    return {k: v for k, v in env.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
-
-
+@pytest.mark.e2e
 def test_a_terminal_gets_bars_with_done_total_rate_and_time_left(tmp_path):
     out = run_in_pty([sys.executable, "-c", LONG_WORK, str(tmp_path / "model")], env_without_progress_settings())
     assert "LONG WORK DONE 0.0" in out
@@ -100,6 +65,7 @@ def test_a_terminal_gets_bars_with_done_total_rate_and_time_left(tmp_path):
     assert "checksums of model" in out and "Writing model shards" in out
 
 
+@pytest.mark.e2e
 def test_a_pipe_gets_no_bar_at_all(tmp_path):
     done = subprocess.run([sys.executable, "-c", LONG_WORK, str(tmp_path / "model")], capture_output=True,
                           text=True, env=env_without_progress_settings(), timeout=300)

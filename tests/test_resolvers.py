@@ -5,10 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
-from tokenpo import CONF_DIR
+from support.config import compose_tree
 from tokenpo.resolvers import join_nonempty
 
 TIME = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d"
@@ -21,10 +20,9 @@ def test_join_nonempty_skips_empty_parts():
 
 
 def run_dir(*overrides: str) -> str:
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        tree = compose("train", overrides=list(overrides), return_hydra_config=True)
-        HydraConfig.instance().set_config(tree)  # what Hydra's main does before it resolves the run dir
-        return tree.hydra.run.dir
+    tree = compose_tree("train", overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(tree)  # what Hydra's main does before it resolves the run dir
+    return tree.hydra.run.dir
 
 
 @pytest.mark.parametrize("overrides, suffix", [

@@ -1,7 +1,8 @@
 """`python -m tokenpo.train` end to end in subprocesses: a 2-step run, a 2-algorithm x 2-seed sweep compared
 with tokenpo.compare, and bad overrides.
 
-Module-level imports stay light: the reward workers of the trained runs import this module for `even_length`.
+Module-level imports stay light: `reward.fn=test_train_cli:read_metrics` (a function of the wrong signature) makes a
+guarded start-up import this module, where torch must not load.
 """
 
 from __future__ import annotations
@@ -9,36 +10,26 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-# small enough for 2 CPU cores: 4 prompts x 4 responses of 8 tokens, 4 held-out problems
-SMALL = ["model=tiny", "logger.mode=disabled", "rollout.max_new_tokens=8", "data.prompts_per_step=4",
-         "eval.max_problems=4", "reward.num_workers=1", "reward.fn=test_train_cli:even_length"]
+from support.cli import guarded_train, heavy_imports, start_error
+from support.config import SMALL
+from support.env import REPO, cli_env
+from support.metrics import read_metrics
+
+# every test runs `python -m tokenpo.train` in a subprocess: a training run, or a start stopped by its checks
+pytestmark = pytest.mark.e2e
 STEP_KEYS = ("step", "reward/mean", "accuracy", "entropy/mean", "response_length/mean", "kl/ref", "loss", "grad_norm",
              "lr", "timing/generate_s", "timing/update_s", "timing/step_s", "throughput/tokens_per_s")
 
 
-def even_length(response: str, gold: str) -> bool:
-    """Reward for the runs here: a random model's responses differ in length, so every group has both rewards and
-    each step a nonzero policy gradient (the arithmetic check would give a random model all-zero rewards)."""
-    return len(response) % 2 == 0
-
-
 def train(*overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parent),
-                                                                     os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, "-m", "tokenpo.train", *overrides], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "tokenpo.train", *overrides], cwd=REPO, env=cli_env(),
                           capture_output=True, text=True, timeout=timeout)
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
 def test_two_step_run_logs_every_metric_and_updates_the_model(tmp_path):
@@ -180,52 +171,6 @@ def test_bad_overrides_fail_fast_with_one_line_naming_the_key(tmp_path):
         assert "Traceback" not in stderr, stderr
         errors = [line for line in stderr.splitlines() if line.startswith("tokenpo: error:")]
         assert len(errors) == 1 and key in errors[0], stderr
-
-
-# `python -m tokenpo.train` with the two ways into heavy work (loading the model here, starting workers) replaced
-# by a loud exit: a start-up error must come before either, and before torch, transformers and DeepSpeed are imported
-# (every check that needs no model runs first); at exit the script names those of them that were imported
-HEAVY_MODULES = ("torch", "transformers", "deepspeed")
-GUARDED_TRAIN = f"""
-import atexit
-import sys
-import tokenpo.train
-import tokenpo.trainer.launch
-
-atexit.register(lambda: print("HEAVY MODULES IMPORTED:", *[m for m in {HEAVY_MODULES!r} if m in sys.modules]))
-
-def heavy_work(*args, **kwargs):
-    sys.exit("HEAVY WORK STARTED")
-
-tokenpo.train.run_here = tokenpo.trainer.launch.launch_local_workers = heavy_work
-tokenpo.train.main()
-"""
-
-
-def guarded_train(tmp_path: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """GUARDED_TRAIN's run; fails unless it reports which heavy modules it imported before it stopped."""
-    env = dict(os.environ, **(env or {}),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-c", GUARDED_TRAIN, *overrides, "logger.mode=disabled",
-                           f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.stdout.rstrip().splitlines()[-1].startswith("HEAVY MODULES IMPORTED:"), proc.stdout + proc.stderr
-    return proc
-
-
-def heavy_imports(proc: subprocess.CompletedProcess) -> list[str]:
-    return proc.stdout.rstrip().splitlines()[-1].split(":", 1)[1].split()
-
-
-def start_error(tmp_path: Path, *overrides: str, env: dict | None = None) -> str:
-    """The one error line of a run that must stop at start-up; fails on a traceback, more than one error line, a
-    zero exit status, any heavy work started or torch, transformers or DeepSpeed imported."""
-    proc = guarded_train(tmp_path, *overrides, env=env)
-    assert heavy_imports(proc) == [], proc.stdout
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr and "HEAVY WORK" not in proc.stderr, proc.stderr
-    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("tokenpo: error:")]
-    assert len(errors) == 1, proc.stdout + proc.stderr
-    return errors[0]
 
 
 @pytest.mark.parametrize("overrides", [["model=tiny"], ["model=tiny", "trainer.nproc=2", "deepspeed=zero3"],

@@ -59,6 +59,7 @@ def venv_with(wheel: Path, root: Path) -> Path:
     return venv
 
 
+@pytest.mark.e2e
 def test_the_wheel_trains_and_evaluates_from_an_empty_directory(tmp_path):
     venv = venv_with(build_wheel(tmp_path), tmp_path)
     empty = tmp_path / "empty"

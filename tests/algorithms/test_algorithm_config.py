@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from support.config import ALGORITHM_CONF, ALGORITHM_NAMES, algorithm_dict
 from tokenpo.algorithms import ADVANTAGES, algorithm_config_from_dict, needs_entropy, needs_entropy_grad, needs_reference
 from tokenpo.errors import ConfigError
 
-from .conftest import ALGORITHM_CONF, ALGORITHM_NAMES, algorithm_dict
 
 YAML_FILES = sorted(ALGORITHM_CONF.glob("*.yaml"))
 

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from support.config import ALGORITHM_NAMES
 from tokenpo.algorithms import (
     KL_MASKS,
     LossNorm,
@@ -17,7 +18,6 @@ from tokenpo.algorithms import (
     token_advantages,
 )
 
-from .conftest import ALGORITHM_NAMES
 
 # Two responses: ratios 1.5, 1.0 | 0.5 (second token padding); advantages +1, +1 | -1.
 MASK = torch.tensor([[1.0, 1.0], [1.0, 0.0]])

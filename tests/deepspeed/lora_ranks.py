@@ -11,8 +11,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from multiproc_util import SMALL, train_run
 
+from support.config import SMALL
+from support.runs import train_run
 from tokenpo.deepspeed import dist
 
 STAGES = ("zero0", "zero1", "zero2", "zero3")

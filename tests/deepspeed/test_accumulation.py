@@ -15,8 +15,8 @@ from pathlib import Path
 import accumulation_ranks as ranks
 import pytest
 import torch
-from multiproc_util import in_process_training, run_ranks
 
+from support.runs import in_process_training, run_ranks
 from tokenpo.deepspeed import dist
 
 STAGES = (0, 1, 2, 3)
@@ -66,6 +66,7 @@ def check_stages(out: Path, world_size: int) -> None:
         assert_same(accumulated, whole, f"zero{stage}: 2 accumulated micro-batches vs one")
 
 
+@pytest.mark.e2e
 def test_one_process_accumulates_two_micro_batches_as_one(tmp_path):
     with in_process_training(), one_thread():
         dist.init_distributed("gloo")

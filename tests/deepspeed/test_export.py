@@ -7,8 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from multiproc_util import cli_env
-from test_progress import env_without_progress_settings, run_in_pty
+import pytest
+
+from support.cli import env_without_progress_settings, run_in_pty
+from support.env import cli_env
+
+# both tests run a ZeRO-3 save end to end in a subprocess
+pytestmark = pytest.mark.e2e
 
 SCRIPT = Path(__file__).with_name("zero3_save.py")
 # the first DeepSpeed start of a fresh environment JIT-builds its CPU comm op with no output (~47 s idle, minutes

@@ -9,7 +9,8 @@ from pathlib import Path
 import lora_ranks
 import pytest
 import torch
-from multiproc_util import by_step, deterministic, read_metrics, run_ranks
+from support.metrics import by_step, deterministic, read_metrics
+from support.runs import run_ranks
 from peft import PeftConfig
 from transformers import AutoModelForCausalLM
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from multiproc_util import SMALL, by_step, compose_config, in_process_training, read_metrics, train_run
 
-from tokenpo import CONF_DIR
+from support.config import SMALL, compose_config, compose_tree
+from support.metrics import by_step, read_metrics
+from support.runs import in_process_training, train_run
 from tokenpo.config import build_config
 from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.config import DeepSpeedConfig
@@ -40,8 +40,7 @@ def overrides(dtype: str, precision: str, stage: int, lora: str) -> list[str]:
 @pytest.fixture(scope="module")
 def tree():
     """The composed config of a small run, for build_config to check under every combination (composing once)."""
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        return compose("train", overrides=SMALL)
+    return compose_tree("train", SMALL)
 
 
 def every_stage_and_lora(tree, dtype: str, precision: str):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import zero3_lora_ranks
-from multiproc_util import by_step, deterministic, read_metrics, run_ranks
+from support.metrics import by_step, deterministic, read_metrics
+from support.runs import run_ranks
 
 # three tiny runs on 2 ranks: ~65 s on an idle 2-core machine
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 import zero_ranks
-from multiproc_util import by_step, compose_config, deterministic, fixed_rollouts, read_metrics, run_ranks
 from transformers import AutoModelForCausalLM
 
+from support.config import compose_config
+from support.metrics import by_step, deterministic, read_metrics
+from support.runs import fixed_rollouts, run_ranks
 from tokenpo.trainer.optim import step_lr
 from tokenpo.models.loading import load_model
 from tokenpo.trainer.context import RunContext, Timings

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import deepspeed
 import torch
-from multiproc_util import SMALL, compose_config, train_run
 from safetensors.torch import load_file
 from transformers.integrations import is_deepspeed_zero3_enabled
 from zero_ranks import is_sharded
 
+from support.config import SMALL, compose_config
+from support.runs import train_run
 from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import partitioned_loading
 from tokenpo.models.config import ModelConfig

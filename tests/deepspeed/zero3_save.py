@@ -13,7 +13,7 @@ from tokenpo.progress import quiet_library_bars
 
 quiet_library_bars()
 import torch  # noqa: E402
-from multiproc_util import SMALL, compose_config  # noqa: E402
+from support.config import SMALL, compose_config  # noqa: E402
 
 from tokenpo.deepspeed import dist  # noqa: E402
 from tokenpo.deepspeed.engine import build_policy_engine  # noqa: E402

@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 
 import torch
-from multiproc_util import SMALL, compose_config, fixed_rollouts, train_run
 
+from support.config import SMALL, compose_config
+from support.runs import fixed_rollouts, train_run
 from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import build_policy_engine, build_reference, partitioned_loading
 from tokenpo.deepspeed.export import export_hf

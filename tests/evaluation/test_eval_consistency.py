@@ -15,12 +15,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hydra import compose, initialize_config_dir
 
+from support.config import compose_tree
 from tokenpo.config import benchmark_reward, build_config
 from tokenpo.data import data_config_from_dict
 from tokenpo.errors import ConfigError
-from tokenpo.evaluate import CONF_DIR
+import tokenpo.evaluate  # noqa: F401 (registers the `evaluate` config)
 from tokenpo.evaluation import cli, run
 from tokenpo.evaluation.benchmark import load_benchmark
 from tokenpo.evaluation.cli import build_eval_run, run_evaluation
@@ -33,11 +33,6 @@ MATH500 = REPO / "tests" / "data" / "fixtures" / "math500.jsonl"
 # MATH-500 from the two-row fixture, 2 samples of 8 tokens at a temperature and top-p of the experiment's choosing
 BENCHMARK = ["eval=math500", f"eval.data.path={MATH500}", "eval.max_new_tokens=8", "eval.n=2", "eval.pass_k=[1,2]",
              "eval.temperature=0.7", "eval.top_p=0.9", "reward.num_workers=1"]
-
-
-def compose_tree(config: str, overrides: list[str]):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config, overrides=overrides)
 
 
 def train_config(*overrides: str):

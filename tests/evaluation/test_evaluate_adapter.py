@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
+from support.config import compose_evaluate
 from tokenpo.errors import ConfigError
-from tokenpo.evaluate import CONF_DIR
 from tokenpo.evaluation.cli import build_eval_run, run_evaluation
 from tokenpo.models.config import LoraConfig
 from tokenpo.models.lora import lora_scaling, merged_state_dict, wrap_lora
@@ -56,8 +55,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 
 def evaluation(*overrides: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return build_eval_run(compose("evaluate", overrides=[*overrides, *SETTINGS]))
+    return build_eval_run(compose_evaluate([*overrides, *SETTINGS]))
 
 
 def answers(run) -> list[str]:

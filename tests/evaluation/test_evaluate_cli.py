@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
+from support.config import compose_evaluate
 from tokenpo.errors import ConfigError
 # the one config location (tokenpo.CONF_DIR); importing tokenpo.evaluate registers its 'evaluate' config
-from tokenpo.evaluate import CONF_DIR
 from tokenpo.evaluation.cli import build_eval_run, report, run_evaluation
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,11 +43,6 @@ def run_dir(tmp_path_factory) -> Path:
     model.save_pretrained(run / "final")
     tokenizer.save_pretrained(run / "final")
     return run
-
-
-def compose_evaluate(overrides: list[str]):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("evaluate", overrides=overrides)
 
 
 def evaluate_cli(*args: str, cwd: Path) -> subprocess.Popen:
@@ -96,6 +90,7 @@ def test_run_dir_with_samples_writes_eval_json_beside_the_run(run_dir, capsys):
     assert shown.count("Q: ") == 2
 
 
+@pytest.mark.e2e
 def test_cli_on_a_model_folder_with_a_benchmark_group(run_dir, tmp_path):
     (tmp_path / "gsm8k_test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in GSM8K_ROWS))
     proc = evaluate_cli(f"model_path={run_dir / 'final'}", "eval=gsm8k",
@@ -112,6 +107,7 @@ def test_cli_on_a_model_folder_with_a_benchmark_group(run_dir, tmp_path):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["gsm8k_test.jsonl", "out"]
 
 
+@pytest.mark.e2e
 def test_bad_input_exits_nonzero_with_one_line(tmp_path):
     procs = [evaluate_cli(f"model_path={tmp_path / 'missing'}", cwd=tmp_path),
              evaluate_cli(f"model_path={tmp_path}", "eval=nope", cwd=tmp_path)]

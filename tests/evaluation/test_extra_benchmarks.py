@@ -6,13 +6,11 @@ from __future__ import annotations
 import logging
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from tokenpo import CONF_DIR
+from support.config import compose_evaluate, compose_tree, train_config
 from tokenpo.config import build_config
 from tokenpo.data import Example, load_splits
 from tokenpo.errors import ConfigError
-from tokenpo.evaluate import CONF_DIR as EVALUATE_CONF_DIR  # registers the `evaluate` config
 from tokenpo.evaluation.benchmark import load_benchmark
 from tokenpo.evaluation.cli import build_eval_run
 from tokenpo.evaluation.config import EvalConfig
@@ -26,8 +24,7 @@ def eval_config(values: dict) -> EvalConfig:
 
 
 def study_config():
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return build_config(compose("train", overrides=["data=arith_study", "eval=arith_study"]))
+    return train_config("data=arith_study", "eval=arith_study")
 
 
 def test_extra_benchmark_keeps_the_main_protocol_and_replaces_its_own_keys():
@@ -57,8 +54,7 @@ def test_bad_extra_benchmark_is_a_one_line_config_error(extra, message):
 
 
 def test_extra_benchmark_data_fails_at_start_up():
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        tree = compose("train", overrides=["eval=arith_study", "eval.extra.0.data.loader=nope"])
+    tree = compose_tree("train", ["eval=arith_study", "eval.extra.0.data.loader=nope"])
     with pytest.raises(ConfigError, match="nope"):
         build_config(tree)
 
@@ -109,7 +105,6 @@ def test_study_transfer_set_is_200_two_digit_problems_outside_the_training_split
 
 def test_evaluate_cli_refuses_extra_benchmarks_in_one_line(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    with initialize_config_dir(config_dir=EVALUATE_CONF_DIR, version_base="1.3"):
-        tree = compose("evaluate", overrides=[f"model_path={tmp_path}", "eval=arith_study"])
+    tree = compose_evaluate([f"model_path={tmp_path}", "eval=arith_study"])
     with pytest.raises(ConfigError, match=r"^eval.extra lists 1 more benchmark\(s\): tokenpo.evaluate scores one"):
         build_eval_run(tree)

@@ -8,10 +8,8 @@ worker pool and `evaluate` — only the policy is scripted.
 from types import SimpleNamespace
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from tokenpo import CONF_DIR
-from tokenpo.config import build_config
+from support.config import train_config
 from tokenpo.data import load_splits
 from tokenpo.evaluation.config import EvalConfig
 from tokenpo.evaluation.run import EvalTask, TextSampler, evaluate
@@ -20,8 +18,7 @@ from tokenpo.rollout.engine import Responses
 
 
 def arith_config(*overrides):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return build_config(compose("train", overrides=["model=tiny", *overrides]))
+    return train_config("model=tiny", *overrides)
 
 
 def scripted_eval(cfg, answer_of):

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import wandb
 from wandb.proto import wandb_internal_pb2
 
@@ -56,6 +57,7 @@ def history(path: Path) -> dict[int, dict]:
     return rows
 
 
+@pytest.mark.e2e
 def test_steps_a_killed_process_lost_are_logged_again_on_resume(tmp_path):
     killed = subprocess.run([sys.executable, "-c", KILLED_RUN, str(tmp_path)], timeout=120,
                             env=dict(os.environ, WANDB_SILENT="true"))

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +12,12 @@ import pytest
 import wandb
 from wandb.proto import wandb_internal_pb2
 
+from support.env import REPO, cli_env
 from tokenpo.errors import ConfigError
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.logger.run_logger import RunLogger
 from tokenpo.logger.samples import EVAL_COLUMNS, ROLLOUT_COLUMNS, eval_rows, spread
 from tokenpo.logger.wandb_files import records
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def wandb_tables(run_dir: Path) -> dict[tuple[int, str], dict]:
@@ -92,13 +90,13 @@ def test_bad_samples_keys_name_the_key(key, value):
         LoggerConfig(**{key: value}).validate()
 
 
+@pytest.mark.e2e
 def test_a_training_run_logs_rollouts_and_eval_samples_to_wandb_and_the_run_dir(tmp_path):
     run_dir = tmp_path / "run"
-    env = dict(os.environ, WANDB_SILENT="true",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")])))
+    env = cli_env(WANDB_SILENT="true")
     proc = subprocess.run([sys.executable, "-m", "tokenpo.train", "model=tiny", "logger.mode=offline",
                            "rollout.max_new_tokens=8", "data.prompts_per_step=4", "eval.max_problems=4",
-                           "reward.num_workers=1", "reward.fn=test_train_cli:even_length", "trainer.max_steps=2",
+                           "reward.num_workers=1", "reward.fn=trainer_rewards:even_length", "trainer.max_steps=2",
                            "logger.samples_every=1", "logger.samples_rows=5", f"hydra.run.dir={run_dir}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -112,7 +110,7 @@ def test_a_training_run_logs_rollouts_and_eval_samples_to_wandb_and_the_run_dir(
     # 4 prompts x 4 responses: the first response of each of the 4 prompts, then a second one of the first
     assert len({row["prompt"] for row in rows}) == 4 and rows[4]["prompt"] == rows[0]["prompt"]
     for row in rows:
-        # test_train_cli:even_length pays even-length responses; GRPO's reward is 1 / 0
+        # trainer_rewards:even_length pays even-length responses; GRPO's reward is 1 / 0
         assert row["verdict"] == ("correct" if len(row["response"]) % 2 == 0 else "wrong")
         assert row["reward"] == (1.0 if row["verdict"] == "correct" else 0.0)
         assert row["step"] == 1 and 1 <= row["length"] <= 8 and row["truncated"] == (row["length"] == 8)

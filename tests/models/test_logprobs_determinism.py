@@ -4,8 +4,8 @@ any machine load (issue 28; docs/reliability.md#determinism). The runs themselve
 from __future__ import annotations
 
 import torch
-from test_logprobs import GROUP, model, padded_batch  # noqa: F401 (model is a fixture)
 
+from support.logprobs import GROUP, padded_batch
 from tokenpo.models.logprobs import response_logprobs
 
 

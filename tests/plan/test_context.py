@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from support.cli import start_up_errors
 from tokenpo.data import load_splits
 from tokenpo.data.prompts import capped_prompt_ids
 from tokenpo.errors import ConfigError
@@ -13,15 +14,6 @@ from tokenpo.plan.architecture import architecture_from_config, context_length
 from tokenpo.plan.cli import compose_train_config
 from tokenpo.plan.context import (PromptLengths, SequenceBudget, check_context, generation_budgets,
                                   resolved_max_model_len, run_prompt_lengths)
-
-from test_train_cli import guarded_train
-
-
-def start_up_errors(tmp_path, *overrides: str) -> list[str]:
-    """The error lines of a run stopped at start-up (the tokenizer is loaded by then: transformers is imported)."""
-    proc = guarded_train(tmp_path, *overrides)
-    assert "Traceback" not in proc.stderr and "HEAVY WORK" not in proc.stderr, proc.stderr
-    return [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("tokenpo: error:")]
 
 
 def test_the_longest_prompt_is_counted_from_the_data_under_the_template():
@@ -79,6 +71,7 @@ def test_rope_scaling_raises_the_context_as_qwen_documents_yarn():
     assert architecture_from_config(config, "x").context_length == 131072
 
 
+@pytest.mark.e2e
 def test_the_tiny_model_with_4000_new_tokens_stops_at_start_up(tmp_path):
     errors = start_up_errors(tmp_path, "model=tiny", "rollout.max_new_tokens=4000")
     assert len(errors) == 1

@@ -8,12 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from support.cli import GUARDED_TRAIN, guarded_train, heavy_imports, start_error, start_up_errors
+from support.env import REPO
 from tokenpo.plan import build_plan, format_bytes
 from tokenpo.plan.cli import compose_train_config
 from tokenpo.plan.memory import device_type
 
-from test_context import start_up_errors
-from test_train_cli import GUARDED_TRAIN, REPO, guarded_train, heavy_imports, start_error
+# every test starts `python -m tokenpo.train` in a subprocess
+pytestmark = pytest.mark.e2e
 
 
 def test_a_plan_over_the_memory_limit_stops_before_the_model_loads(tmp_path):

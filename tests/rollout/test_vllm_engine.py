@@ -17,10 +17,9 @@ import torch
 
 pytest.importorskip("vllm")
 
-from hydra import compose, initialize_config_dir  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from tokenpo.config import build_config  # noqa: E402
+from support.config import train_config  # noqa: E402
 from tokenpo.data import load_splits  # noqa: E402
 from tokenpo.data.prompts import capped_prompt_ids  # noqa: E402
 from tokenpo.evaluation.benchmark import stop_token_ids  # noqa: E402
@@ -31,7 +30,6 @@ from tokenpo.models.logprobs import response_logprobs  # noqa: E402
 from tokenpo.rollout import SamplingParams, build_engine  # noqa: E402
 from tokenpo.rollout.config import RolloutConfig  # noqa: E402
 from tokenpo.rollout.weight_stream import policy_weights  # noqa: E402
-from tokenpo import CONF_DIR  # noqa: E402
 from tokenpo.trainer.batch import pad_groups  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -48,8 +46,7 @@ LORA_LR = 1e-3
 
 @pytest.fixture(scope="module")
 def setup():
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = build_config(compose("train", ["rollout=vllm", "logger.mode=disabled"]))
+    cfg = train_config("rollout=vllm", "logger.mode=disabled")
     tokenizer, model = load_model(cfg.model, cfg.seed)
     model.eval()
     train, _ = load_splits(cfg.data, cfg.seed, tokenizer)
@@ -188,8 +185,7 @@ def test_two_ranks_under_zero3_each_sync_their_colocated_engine(tmp_path):
     assert all(r["grad_norm"] > 0.1 for r in steps)
     assert all(r["mismatch/abs_logp_diff"] < 1e-5 for r in steps)
     # the updates moved the weights far beyond that
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = build_config(compose("train", overrides[:2]))
+    cfg = train_config(*overrides[:2])
     _, initial = load_model(cfg.model, cfg.seed)
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
     with torch.no_grad():

@@ -6,10 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from tokenpo import CONF_DIR
-from tokenpo.config import build_config
+from support.config import train_config as composed_train_config
 from tokenpo.plan import memory
 from tokenpo.plan import parts as P
 from tokenpo.rollout.config import VLLMConfig, VLLMSizing, vllm_sizing
@@ -22,8 +20,7 @@ RUN = ["model=qwen2_5_math_1_5b", "deepspeed.precision=bf16", "rollout=vllm", "d
 
 
 def train_config(*overrides: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return build_config(compose("train", ["logger.mode=disabled", *overrides]))
+    return composed_train_config("logger.mode=disabled", *overrides)
 
 
 def vllm_part(plan) -> P.Part:

@@ -9,10 +9,8 @@ import types
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from tokenpo import CONF_DIR
-from tokenpo.config import build_config
+from support.config import train_config
 from tokenpo.models.loading import load_model
 from tokenpo.rollout.vllm_engine import VLLMEngine
 
@@ -59,8 +57,7 @@ def fake_vllm(monkeypatch) -> list:
 
 def engine(*overrides: str) -> tuple[VLLMEngine, torch.nn.Module]:
     """The engine for the tiny model, and the model (its policy)."""
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = build_config(compose("train", ["model=tiny", "logger.mode=disabled", "rollout=vllm", *overrides]))
+    cfg = train_config("model=tiny", "logger.mode=disabled", "rollout=vllm", *overrides)
     tokenizer, model = load_model(cfg.model, cfg.seed)
     return VLLMEngine(cfg.rollout, model, tokenizer), model
 

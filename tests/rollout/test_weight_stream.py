@@ -5,23 +5,18 @@ merged weights (W + scale·B·A) in the base model's names, its training weights
 from __future__ import annotations
 
 import copy
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-for helpers in (Path(__file__).resolve().parents[1] / "trainer", Path(__file__).resolve().parent):
-    if str(helpers) not in sys.path:
-        sys.path.insert(0, str(helpers))
+from weight_stream_ranks import policy_model
 
-from multiproc_util import run_ranks  # noqa: E402
-from weight_stream_ranks import policy_model  # noqa: E402
-
-from tokenpo.models.config import ModelConfig, TinyConfig  # noqa: E402
-from tokenpo.models.loading import build_tiny_model  # noqa: E402
-from tokenpo.rollout.weight_stream import policy_weights  # noqa: E402
+from support.runs import run_ranks
+from tokenpo.models.config import ModelConfig, TinyConfig
+from tokenpo.models.loading import build_tiny_model
+from tokenpo.rollout.weight_stream import policy_weights
 
 TINY = ModelConfig(name="tiny", source="tiny", tiny=TinyConfig(hidden_size=32, num_layers=2, num_heads=4,
                                                                 intermediate_size=64))

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import torch
-from multiproc_util import SMALL, compose_config
 
+from support.config import SMALL, compose_config
 from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import build_policy_engine
 from tokenpo.models.loading import load_model

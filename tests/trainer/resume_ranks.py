@@ -15,8 +15,9 @@ from pathlib import Path
 
 import wandb
 from deepspeed.runtime.engine import DeepSpeedEngine
-from multiproc_util import SMALL, train_run
 
+from support.config import SMALL
+from support.runs import train_run
 from tokenpo.deepspeed import dist
 
 STAGE = "zero3"

@@ -12,31 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from support.checkpoints import FakeEngine, flip_byte, saved_run
 from tokenpo.errors import ConfigError
 from tokenpo.trainer import checkpoint
-
-
-class FakeEngine:
-    """Writes and reads `state/` like DeepSpeedEngine.save_checkpoint / load_checkpoint (tag folder + client state)."""
-
-    def __init__(self, fail_after_partial: bool = False, stage: int = 2):
-        self.fail_after_partial = fail_after_partial
-        self.stage = stage
-
-    def zero_optimization_stage(self):
-        return self.stage
-
-    def save_checkpoint(self, save_dir, tag, client_state, save_latest):
-        state = Path(save_dir) / tag
-        state.mkdir(parents=True)
-        (state / "part0.pt").write_text("shard")
-        if self.fail_after_partial:
-            raise KeyboardInterrupt("killed while writing")
-        (state / "client.json").write_text(json.dumps(client_state))
-
-    def load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states):
-        state = Path(load_dir) / tag
-        return load_dir, json.loads((state / "client.json").read_text())
 
 
 def test_save_renames_into_place_and_points_latest(tmp_path):
@@ -122,14 +100,6 @@ def test_trim_metrics_drops_later_steps_and_a_cut_line(tmp_path):
     assert path.read_text() == ""
 
 
-def saved_run(tmp_path: Path, steps=(1, 2), keep_last: int = 2) -> Path:
-    """A run dir with checkpoints of `steps`; returns its checkpoints folder."""
-    root = tmp_path / "run" / "checkpoints"
-    for step in steps:
-        checkpoint.save(FakeEngine(), root, step, {"step": step}, keep_last=keep_last)
-    return root
-
-
 def test_keep_last_never_deletes_the_checkpoint_just_written(tmp_path):
     root = saved_run(tmp_path, steps=(5, 6))
     # a new history saving step 1 next to higher-numbered ones (older code pruned by name: step_000001 went)
@@ -173,12 +143,6 @@ def test_auto_resumes_the_newest_checkpoint_when_latest_is_gone(tmp_path, caplog
         assert checkpoint.find_resume_dir("auto", tmp_path / "run") == root / "step_000002"
     assert caplog.messages == [f"trainer.resume=auto: {root / 'latest'} is missing; "
                                f"resuming from {root / 'step_000002'}"]
-
-
-def flip_byte(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
 
 
 DAMAGE = {

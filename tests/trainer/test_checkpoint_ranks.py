@@ -9,9 +9,9 @@ from pathlib import Path
 
 import checkpoint_ranks
 import pytest
-from multiproc_util import run_ranks
-from test_checkpoint_files import FakeEngine, flip_byte, saved_run
 
+from support.checkpoints import FakeEngine, flip_byte, saved_run
+from support.runs import run_ranks
 from tokenpo.trainer import checkpoint
 from tokenpo.trainer.checkpoint_layout import owner
 

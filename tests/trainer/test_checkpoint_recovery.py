@@ -8,8 +8,10 @@ import logging
 from pathlib import Path
 
 import pytest
-from multiproc_util import SMALL, by_step, deterministic, in_process_training, read_metrics, train_run
 
+from support.config import SMALL
+from support.metrics import by_step, deterministic, read_metrics
+from support.runs import in_process_training, train_run
 from tokenpo.errors import ConfigError
 from tokenpo.trainer import checkpoint
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from multiproc_util import cli_env
 
+from support.env import cli_env
 from tokenpo.compare.identical import differences
 
 pytestmark = pytest.mark.slow

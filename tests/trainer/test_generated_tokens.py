@@ -3,8 +3,8 @@ also the groups the filter dropped (scripted verdicts as in test_rollouts)."""
 
 from __future__ import annotations
 
-from test_rollouts import G, ScriptedContext
 
+from support.rollouts import G, ScriptedContext
 from tokenpo.rollout.engine import Responses
 from tokenpo.trainer.rollouts import collect_rollouts
 

@@ -15,9 +15,12 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from multiproc_util import SMALL, by_step, cli_env, read_metrics, wait_for_step
 from transformers import AutoModelForCausalLM
 
+from support.config import SMALL
+from support.env import cli_env
+from support.metrics import by_step, read_metrics
+from support.runs import wait_for_step
 from tokenpo.trainer import launch
 
 PY = sys.executable
@@ -152,6 +155,7 @@ def run_cli(args: list[str], cwd: Path, *, env: dict | None = None, timeout: flo
     (["trainer.nproc=2"], {"WORLD_SIZE": "2", "RANK": "0"},
      "trainer.nproc=2 starts local workers itself; under an external launcher (WORLD_SIZE=2) leave trainer.nproc at 1"),
 ])
+@pytest.mark.e2e
 def test_batch_and_process_count_are_checked_before_any_work(tmp_path, extra, env, message):
     result = run_cli([PY, "-m", "tokenpo.train", *SMALL, *extra, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
                      env=cli_env(**env), timeout=60)

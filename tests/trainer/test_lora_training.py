@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from multiproc_util import SMALL, by_step, compose_config, deterministic, in_process_training, read_metrics, train_run
 from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from support.config import SMALL, compose_config
+from support.metrics import by_step, deterministic, read_metrics
+from support.runs import in_process_training, train_run
 from tokenpo.deepspeed import engine
 from tokenpo.errors import ConfigError
 from tokenpo.models.lora import peft_quietly

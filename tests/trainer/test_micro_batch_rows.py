@@ -8,8 +8,9 @@ import copy
 
 import pytest
 import torch
-from multiproc_util import SMALL, compose_config, fixed_rollouts
 
+from support.config import SMALL, compose_config
+from support.runs import fixed_rollouts
 from tokenpo.models.loading import load_model
 from tokenpo.plan.memory import with_values
 from tokenpo.rewards import CORRECT, WRONG

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from multiproc_util import REPO, by_step, cli_env, read_metrics
 
+from support.env import REPO, cli_env
+from support.metrics import by_step, read_metrics
 from tokenpo.trainer.config import TrainerConfig
 from tokenpo.trainer.optim import build_optimizer, lr_factor, set_step_lr
 
@@ -67,6 +68,7 @@ def logged_lr(run_dir: Path, steps) -> list[float]:
     return [logged[step]["lr"] for step in steps]
 
 
+@pytest.mark.e2e
 def test_logged_lr_follows_the_rollout_step_with_four_mini_batches(tmp_path):
     train(tmp_path, "trainer.max_steps=3")
     # warm-up over steps 1-2 of 3, then the peak; per update it would have ended within step 1

@@ -11,8 +11,9 @@ import itertools
 
 import pytest
 import torch
-from multiproc_util import SMALL, in_process_training, train_run
 
+from support.config import SMALL
+from support.runs import in_process_training, train_run
 from tokenpo.rollout.engine import ENGINES
 from tokenpo.rollout.hf import HFEngine
 from tokenpo.trainer import loop

@@ -18,8 +18,6 @@ from types import SimpleNamespace
 
 import pytest
 from hydra.types import RunMode
-from multiproc_util import (SMALL, by_step, cli_env, deterministic, in_process_training, read_metrics, train_run,
-                            wait_for_step)
 from omegaconf import OmegaConf
 
 # the cluster extra (scripts/setup.sh); the vLLM environment, which runs only `-m vllm` tests, has none
@@ -27,6 +25,10 @@ pytest.importorskip("submitit")
 from submitit.core.job_environment import SignalHandler  # noqa: E402
 from submitit.core.utils import DelayedSubmission, JobPaths  # noqa: E402
 
+from support.config import SMALL
+from support.env import cli_env
+from support.metrics import by_step, deterministic, read_metrics
+from support.runs import in_process_training, train_run, wait_for_step
 import tokenpo.train
 from tokenpo.trainer import launch, loop
 
@@ -112,6 +114,7 @@ def runs(tmp_path_factory):
                            checkpoint=checkpoint)
 
 
+@pytest.mark.e2e
 def test_sigusr2_saves_after_the_step_and_submitit_requeues(runs):
     assert runs.stopped["interrupted"] and runs.stopped["steps"] == 1 and runs.stopped["signal"] == signal.SIGUSR2
     assert runs.checkpoint["step"] == 1

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import resume_ranks
-from multiproc_util import by_step, deterministic, read_metrics, run_ranks
+from support.metrics import by_step, deterministic, read_metrics
+from support.runs import run_ranks
 
 pytestmark = pytest.mark.multiproc
 

@@ -3,69 +3,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import subprocess
 import sys
-from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
-import torch
 
-from tokenpo.algorithms.config import DynamicSamplingConfig
-from tokenpo.data import Example, PromptSampler
+from support.rollouts import G, NUM_EXAMPLES, ScriptedContext
 from tokenpo.errors import ConfigError
-from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG
-from tokenpo.rollout.engine import Responses, SamplingParams
+from tokenpo.rewards import CORRECT, WRONG
 from tokenpo.trainer.rollouts import collect_rollouts, dynamic_sampling_metrics
-
-G = 2
-# a group's verdicts: mixed, all right, all wrong, gold answer that does not parse
-VERDICTS = {"M": [CORRECT, WRONG], "R": [CORRECT, CORRECT], "W": [WRONG, WRONG], "I": [GOLD_INVALID, GOLD_INVALID]}
-NUM_EXAMPLES = 40
-
-
-class ScriptedContext:
-    """What collect_rollouts reads of a RunContext; the prompt drawn i-th (in the sampler's order) gets the
-    verdicts of script[i]. The sampler is the real PromptSampler, so its position after a step is checked too."""
-
-    def __init__(self, script: str, prompts_per_step: int, mini_batches: int = 1, **dynamic_sampling):
-        examples = [Example(f"p{i}", f"problem {i}", f"gold {i}") for i in range(NUM_EXAMPLES)]
-        order = PromptSampler(examples, NUM_EXAMPLES, seed=0).next_batch()
-        self.pattern = {ex.answer: VERDICTS[kind] for ex, kind in zip(order, script)}
-        self.draw_order = [ex.uid for ex in order]
-        self.sampler = PromptSampler(examples, prompts_per_step, seed=0)
-        self.cfg = SimpleNamespace(data=SimpleNamespace(prompts_per_step=prompts_per_step),
-                                   trainer=SimpleNamespace(mini_batches=mini_batches),
-                                   algorithm=SimpleNamespace(dynamic_sampling=replace(
-                                       DynamicSamplingConfig(enabled=True), **dynamic_sampling)))
-        self.tokenizer = SimpleNamespace(batch_decode=lambda ids, skip_special_tokens: ["text"] * len(ids))
-        self.scorer = SimpleNamespace(score=lambda text, golds: self._verdicts(golds))
-        self.rounds_drawn: list[int] = []
-
-    def _verdicts(self, golds: list[str]) -> list[str]:
-        return [v for start in range(0, len(golds), G) for v in self.pattern[golds[start]]]
-
-    def sampling_params(self) -> SamplingParams:
-        return SamplingParams(G, 4)
-
-    def rollout_generator(self, step: int, round_index: int) -> torch.Generator:
-        self.rounds_drawn.append(round_index)
-        return torch.Generator()
-
-    def prompt_ids(self, example: Example) -> list[int]:
-        return [int(example.uid[1:])]
-
-    @contextlib.contextmanager
-    def timings(self, phase: str):
-        yield
-
-    def generate(self, prompt_ids, params, generator):
-        return Responses(token_ids=[[7] for _ in prompt_ids for _ in range(G)], truncated=[False] * (len(prompt_ids) * G))
-
-    def uids(self, positions: list[int]) -> list[str]:
-        return [self.draw_order[i] for i in positions]
 
 
 def metrics(batch) -> dict[str, float]:
@@ -156,10 +103,12 @@ def test_without_dynamic_sampling_one_round_of_the_batch_is_kept_as_drawn():
         "dynamic_sampling/batch_groups": 4.0}
 
 
+@pytest.mark.e2e
 def test_partial_batches_train_and_an_empty_one_skips_the_update(tmp_path):
     """A tiny DAPO run under keep_partial: each step trains on the mixed groups that split over 2 mini-batches;
     a step with none left logs its sampling counts and no update."""
-    from multiproc_util import REPO, by_step, cli_env, read_metrics
+    from support.env import REPO, cli_env
+    from support.metrics import by_step, read_metrics
 
     overrides = ["algorithm=dapo", "model=tiny", "logger.mode=disabled", "data.prompts_per_step=4",
                  "rollout.group_size=2", "rollout.max_new_tokens=8", "eval.max_problems=1", "trainer.threads=1",

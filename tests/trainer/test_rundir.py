@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from multiproc_util import SMALL, cli_env, read_metrics
 
+from support.config import SMALL
+from support.env import cli_env
+from support.metrics import read_metrics
 from tokenpo.trainer import rundir
 
 EARLIER = {".hydra/overrides.yaml": "- seed=7\n", "metrics.jsonl": '{"step": 0}\n', "eval_before.json": "{}",
@@ -69,6 +71,7 @@ def test_which_starts_continue_the_run_in_the_dir(tmp_path, resume, files, conti
     assert rundir.continues_here(run, resume.format(run=run, other=tmp_path / "other")) is continues
 
 
+@pytest.mark.e2e
 def test_a_rerun_in_the_same_dir_keeps_the_earlier_run(tmp_path):
     """The command line end to end: Hydra's .hydra/ of the earlier run survives too (Hydra writes it before
     tokenpo runs unless told not to)."""

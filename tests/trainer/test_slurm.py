@@ -10,8 +10,10 @@ import subprocess
 import sys
 
 import pytest
-from multiproc_util import RANK_VARS, SMALL, by_step, cli_env, read_metrics
 
+from support.config import SMALL
+from support.env import RANK_VARS, cli_env
+from support.metrics import by_step, read_metrics
 from tokenpo.deepspeed.dist import free_port
 from tokenpo.errors import ConfigError
 from tokenpo.trainer import launch
@@ -30,6 +32,7 @@ def test_the_first_host_of_a_compressed_node_list(nodelist, host):
     assert first_host(nodelist) == host
 
 
+@pytest.mark.e2e
 def test_a_task_without_a_node_list_is_one_line(tmp_path):
     # a stand-in without SLURM_NODELIST: the start stops in one line, before Hydra reads the command line
     env = {k: v for k, v in cli_env(**TASK_6).items() if k != "SLURM_NODELIST"}
@@ -95,6 +98,7 @@ def slurm_task(rank: int, port: int) -> dict[str, str]:
                    SLURM_TASKS_PER_NODE="2", SLURM_NODELIST="localhost", SLURM_JOB_ID="991", MASTER_PORT=str(port))
 
 
+@pytest.mark.e2e
 def test_srun_tasks_asking_for_local_workers_are_refused_in_one_line(tmp_path):
     result = subprocess.run([sys.executable, "-m", "tokenpo.train", *SMALL, "trainer.nproc=2",
                              f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=slurm_task(0, 1),

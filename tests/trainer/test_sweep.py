@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-from multiproc_util import REPO, RANK_VARS, SMALL, cli_env
 from omegaconf import OmegaConf
 
+from support.config import SMALL, compose_tree
+from support.env import RANK_VARS, REPO, cli_env
 from tokenpo import CONF_DIR
 from tokenpo import preflight
 from tokenpo.compare.identical import deterministic_rows, differences
@@ -56,10 +57,7 @@ def test_the_slurm_preset_follows_trainer_nproc_and_needs_sbatch():
         pytest.skip("a Slurm machine: the preset submits")
     error = start_error("-m", "model=tiny", "hydra/launcher=slurm", "trainer.nproc=4")
     assert error.startswith("hydra/launcher=slurm submits Slurm jobs, but this machine has no sbatch")
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        launcher = compose("train", ["hydra/launcher=slurm", "trainer.nproc=4"], return_hydra_config=True).hydra.launcher
+    launcher = compose_tree("train", ["hydra/launcher=slurm", "trainer.nproc=4"], return_hydra_config=True).hydra.launcher
     assert (launcher.tasks_per_node, launcher.gpus_per_node, launcher.max_num_timeout) == (4, 4, 5)
 
 

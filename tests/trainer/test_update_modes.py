@@ -4,11 +4,15 @@ log-probs run without dropout (tokenpo.models.modes), and the policy is back in 
 from __future__ import annotations
 
 import torch
-from multiproc_util import SMALL, in_process_training, train_run
 
+import pytest
+
+from support.config import SMALL
+from support.runs import in_process_training, train_run
 from tokenpo.trainer import update
 
 
+@pytest.mark.e2e
 def test_old_and_reference_log_probs_without_dropout_the_update_with_it(tmp_path, monkeypatch):
     passes = []  # (grad enabled, module in train mode) per forward of the step
     group_forward = update.group_forward

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from multiproc_util import SMALL, by_step, deterministic, in_process_training, read_metrics, train_run
 
+from support.config import SMALL
+from support.metrics import by_step, deterministic, read_metrics
+from support.runs import in_process_training, train_run
 from tokenpo.errors import ConfigError
 from tokenpo.trainer import checkpoint, loop, worst_case
 
@@ -66,6 +68,7 @@ def runs(tmp_path_factory) -> dict:
     return {"dir": out, "messages": messages, "in_check": in_check, "at_step": at_step}
 
 
+@pytest.mark.e2e
 def test_metrics_are_bit_identical_with_the_check_on_or_off(runs):
     off, on = by_step(read_metrics(runs["dir"] / "off")), by_step(read_metrics(runs["dir"] / "on"))
     assert sorted(off) == sorted(on) == [0, 1, 2]

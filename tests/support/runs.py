@@ -1,4 +1,5 @@
-"""Shared by the multi-process tests and the scripts their ranks run: small configs, launching ranks, reading runs."""
+"""Training runs for the multi-process tests and the scripts their ranks run: launching ranks, a fixed batch,
+train() in this process."""
 
 from __future__ import annotations
 
@@ -14,38 +15,13 @@ from pathlib import Path
 
 import deepspeed.comm
 import torch.distributed
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-from tokenpo import CONF_DIR
-from tokenpo.config import build_config
+from support.config import compose_config
+from support.env import pythonpath
 from tokenpo.data import Example
 from tokenpo.deepspeed.dist import free_port
 from tokenpo.trainer.launch import supervise, worker_env
 from tokenpo.trainer.rollouts import StepRollouts
-
-REPO = Path(__file__).resolve().parents[2]
-# the rank scripts and the test reward function are imported from here in every process
-TEST_DIRS = [REPO / "tests" / "trainer", REPO / "tests" / "deepspeed"]
-# a tiny model, a tiny batch, one intra-op thread per process (two ranks share two cores), no W&B
-SMALL = ["model=tiny", "logger.mode=disabled", "data.prompts_per_step=4", "rollout.group_size=2",
-         "rollout.max_new_tokens=8", "eval.max_problems=4", "trainer.threads=1", "trainer.print_samples=0",
-         "reward.fn=trainer_rewards:even_length", "reward.num_workers=1"]
-# metrics that depend on the clock, never equal between runs
-CLOCK_PREFIXES = ("timing/", "throughput/", "time/")
-
-
-RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def pythonpath() -> str:
-    return os.pathsep.join(map(str, [*TEST_DIRS, os.environ.get("PYTHONPATH", "")]))
-
-
-def cli_env(**extra: str) -> dict[str, str]:
-    """Environment for a command-line run: the test dirs importable, no rank variables from this process."""
-    env = {k: v for k, v in os.environ.items() if k not in RANK_VARS}
-    return dict(env, PYTHONPATH=pythonpath(), **extra)
 
 
 def run_ranks(script: Path, args: list[str], nproc: int, log_dir: Path, timeout_s: float = 240) -> None:
@@ -98,13 +74,6 @@ def fixed_rollouts(vocab_size: int, verdicts: list[list], max_new: int, seed: in
         rounds=1, generated_groups=groups, mixed_groups=groups)
 
 
-def compose_config(overrides: list[str]):
-    """(TrainConfig, resolved dict) for `python -m tokenpo.train <overrides>`."""
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        tree = compose("train", overrides=overrides)
-    return build_config(tree), OmegaConf.to_container(tree, resolve=True)
-
-
 def train_run(run_dir: Path, overrides: list[str]) -> dict:
     """train() in this process (every rank calls it) into `run_dir`."""
     from tokenpo.trainer.loop import train
@@ -112,21 +81,6 @@ def train_run(run_dir: Path, overrides: list[str]) -> dict:
     cfg, resolved = compose_config(overrides)
     run_dir.mkdir(parents=True, exist_ok=True)
     return train(cfg, run_dir, run_dir.name, "tests", resolved)
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def by_step(records: list[dict]) -> dict[int, dict]:
-    steps = [r["step"] for r in records]
-    assert len(steps) == len(set(steps)), f"a step was logged twice: {steps}"
-    return {r["step"]: r for r in records}
-
-
-def deterministic(record: dict) -> dict:
-    """A metrics record without its clock-dependent entries."""
-    return {k: v for k, v in record.items() if not k.startswith(CLOCK_PREFIXES)}
 
 
 @contextlib.contextmanager
