@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 import torch
-from test_logprobs import GROUP, model, padded_batch  # noqa: F401 (model is a fixture)
+from support.logprobs import GROUP, padded_batch
 
 from tokenpo.models.logprobs import response_logprobs, response_token_hidden_states, token_entropy
 
