@@ -28,7 +28,8 @@ from submitit.core.job_environment import SignalHandler  # noqa: E402
 from submitit.core.utils import DelayedSubmission, JobPaths  # noqa: E402
 
 import tokenpo.train
-from tokenpo.trainer import launch, loop
+from tokenpo.trainer import launch
+from tokenpo.trainer import step as trainer_step
 
 PY = sys.executable
 RUN = SMALL + ["trainer.max_steps=4"]
@@ -81,7 +82,7 @@ def runs(tmp_path_factory):
     step 1 (stopped there, then handed over), then resumed with trainer.resume=auto to step 4."""
     out = tmp_path_factory.mktemp("preempted")
     saved = {sig: signal.getsignal(sig) for sig in launch.STOP_SIGNALS}
-    update = loop.train_on_rollouts
+    update = trainer_step.update_policy
     calls = []
 
     def update_signalled_at_step_1(*args):
@@ -95,11 +96,11 @@ def runs(tmp_path_factory):
             train_run(out / "A", RUN)
             env = install_submitit_handler(out)
             submitit_handler = signal.getsignal(signal.SIGUSR2)
-            loop.train_on_rollouts = update_signalled_at_step_1
+            trainer_step.update_policy = update_signalled_at_step_1
             try:
                 stopped = train_run(out / "B", RUN)
             finally:
-                loop.train_on_rollouts = update
+                trainer_step.update_policy = update
             restored = signal.getsignal(signal.SIGUSR2) == submitit_handler
             with pytest.raises(launch.Requeued) as requeued:
                 launch.hand_over_stop(stopped["signal"], rank0=True)

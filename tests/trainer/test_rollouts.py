@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import subprocess
 import sys
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,7 +16,10 @@ from tokenpo.data import Example, PromptSampler
 from tokenpo.errors import ConfigError
 from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG
 from tokenpo.rollout.engine import Responses, SamplingParams
-from tokenpo.trainer.rollouts import collect_rollouts, dynamic_sampling_metrics
+from tokenpo.trainer import step as trainer_step
+from tokenpo.trainer.rollouts import RolloutSource, StepRollouts, dynamic_sampling_metrics
+from tokenpo.trainer.step import collect_rollouts
+from tokenpo.trainer.timings import Timings
 
 G = 2
 # a group's verdicts: mixed, all right, all wrong, gold answer that does not parse
@@ -26,43 +27,56 @@ VERDICTS = {"M": [CORRECT, WRONG], "R": [CORRECT, CORRECT], "W": [WRONG, WRONG],
 NUM_EXAMPLES = 40
 
 
-class ScriptedContext:
-    """What collect_rollouts reads of a RunContext; the prompt drawn i-th (in the sampler's order) gets the
-    verdicts of script[i]. The sampler is the real PromptSampler, so its position after a step is checked too."""
+class ScriptedEngine:
+    """A rollout engine that answers every prompt with G one-token responses and counts its calls (one per round)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def generate(self, prompt_ids, params, generator):
+        self.calls += 1
+        return Responses(token_ids=[[7] for _ in prompt_ids for _ in range(G)],
+                         truncated=[False] * (len(prompt_ids) * G))
+
+
+class ScriptedScorer:
+    """The prompt drawn i-th (in the sampler's order) gets the verdicts of script[i]: a group's verdicts are looked
+    up by its gold answer."""
+
+    def __init__(self, pattern: dict[str, list[str]]) -> None:
+        self.pattern = pattern
+
+    def submit(self, text: list[str], golds: list[str]) -> list[str]:
+        return golds
+
+    def result(self, golds: list[str]) -> list[str]:
+        return [v for start in range(0, len(golds), G) for v in self.pattern[golds[start]]]
+
+
+class Scripted:
+    """collect_rollouts' inputs for `script`: the real PromptSampler (its position after a step is checked too), a
+    RolloutSource over the scripted engine and scorer, and the dynamic-sampling settings."""
 
     def __init__(self, script: str, prompts_per_step: int, mini_batches: int = 1, **dynamic_sampling):
         examples = [Example(f"p{i}", f"problem {i}", f"gold {i}") for i in range(NUM_EXAMPLES)]
         order = PromptSampler(examples, NUM_EXAMPLES, seed=0).next_batch()
-        self.pattern = {ex.answer: VERDICTS[kind] for ex, kind in zip(order, script)}
         self.draw_order = [ex.uid for ex in order]
         self.sampler = PromptSampler(examples, prompts_per_step, seed=0)
-        self.cfg = SimpleNamespace(data=SimpleNamespace(prompts_per_step=prompts_per_step),
-                                   trainer=SimpleNamespace(mini_batches=mini_batches),
-                                   algorithm=SimpleNamespace(dynamic_sampling=replace(
-                                       DynamicSamplingConfig(enabled=True), **dynamic_sampling)))
-        self.tokenizer = SimpleNamespace(batch_decode=lambda ids, skip_special_tokens: ["text"] * len(ids))
-        self.scorer = SimpleNamespace(submit=lambda text, golds: golds, result=self._verdicts)
-        self.rounds_drawn: list[int] = []
+        self.engine = self.make_engine()
+        scorer = ScriptedScorer({ex.answer: VERDICTS[kind] for ex, kind in zip(order, script)})
+        self.source = RolloutSource(self.engine, scorer, encode=lambda example: [int(example.uid[1:])],
+                                    decode=lambda ids: ["text"] * len(ids), params=SamplingParams(G, 4), seed=0,
+                                    device=torch.device("cpu"))
+        self.prompts_per_step, self.mini_batches = prompts_per_step, mini_batches
+        self.sampling = replace(DynamicSamplingConfig(enabled=True), **dynamic_sampling)
 
-    def _verdicts(self, golds: list[str]) -> list[str]:
-        return [v for start in range(0, len(golds), G) for v in self.pattern[golds[start]]]
+    def make_engine(self) -> ScriptedEngine:
+        return ScriptedEngine()
 
-    def sampling_params(self) -> SamplingParams:
-        return SamplingParams(G, 4)
-
-    def rollout_generator(self, step: int, round_index: int) -> torch.Generator:
-        self.rounds_drawn.append(round_index)
-        return torch.Generator()
-
-    def prompt_ids(self, example: Example) -> list[int]:
-        return [int(example.uid[1:])]
-
-    @contextlib.contextmanager
-    def timings(self, phase: str):
-        yield
-
-    def generate(self, prompt_ids, params, generator):
-        return Responses(token_ids=[[7] for _ in prompt_ids for _ in range(G)], truncated=[False] * (len(prompt_ids) * G))
+    def collect(self, step: int) -> StepRollouts:
+        # one process: keep_partial splits the batch over the mini-batches alone
+        return collect_rollouts(step, self.source, self.sampler, self.prompts_per_step, self.sampling,
+                                parts=self.mini_batches, timings=Timings())
 
     def uids(self, positions: list[int]) -> list[str]:
         return [self.draw_order[i] for i in positions]
@@ -75,12 +89,12 @@ def metrics(batch) -> dict[str, float]:
 def test_rounds_draw_oversample_times_the_batch_and_keep_the_first_mixed_groups():
     # 4 prompts a step x 1.5 = 6 a round; round 1 finds 3 mixed groups, round 2 two more: the first 4 in draw
     # order make the batch, the 5th is dropped
-    ctx = ScriptedContext("MWMRIM" + "WMMWWW", prompts_per_step=4, oversample=1.5, max_gen_batches=5)
-    batch = collect_rollouts(ctx, step=3)
-    assert [ex.uid for ex in batch.examples] == ctx.uids([0, 2, 5, 7])
+    run = Scripted("MWMRIM" + "WMMWWW", prompts_per_step=4, oversample=1.5, max_gen_batches=5)
+    batch = run.collect(step=3)
+    assert [ex.uid for ex in batch.examples] == run.uids([0, 2, 5, 7])
     assert batch.verdicts == [CORRECT, WRONG] * 4 and len(batch.response_ids) == 8
-    assert ctx.rounds_drawn == [0, 1]
-    assert ctx.sampler.state_dict()["position"] == 12  # both rounds' prompts consumed: a resume continues after
+    assert run.engine.calls == 2  # two rounds drawn
+    assert run.sampler.state_dict()["position"] == 12  # both rounds' prompts consumed: a resume continues after
     assert metrics(batch) == {
         "dynamic_sampling/rounds": 2.0, "dynamic_sampling/prompts": 12.0, "dynamic_sampling/mixed_groups": 5.0,
         "dynamic_sampling/filled_groups": 0.0, "dynamic_sampling/dropped_groups": 1.0,
@@ -93,9 +107,9 @@ SHORT = "MWWRWW" + "WMRMWI"
 
 
 def test_exhausted_rounds_raise_one_line_naming_the_keys_and_counts():
-    ctx = ScriptedContext(SHORT, prompts_per_step=4, oversample=1.5, max_gen_batches=2, on_exhausted="error")
+    run = Scripted(SHORT, prompts_per_step=4, oversample=1.5, max_gen_batches=2, on_exhausted="error")
     with pytest.raises(ConfigError) as err:
-        collect_rollouts(ctx, step=7)
+        run.collect(step=7)
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("algorithm.dynamic_sampling: step 7 found 3 mixed groups of the 4 "
@@ -104,10 +118,10 @@ def test_exhausted_rounds_raise_one_line_naming_the_keys_and_counts():
 
 
 def test_exhausted_rounds_fill_with_the_first_dropped_groups():
-    ctx = ScriptedContext(SHORT, prompts_per_step=4, oversample=1.5, max_gen_batches=2, on_exhausted="fill")
-    batch = collect_rollouts(ctx, step=1)
+    run = Scripted(SHORT, prompts_per_step=4, oversample=1.5, max_gen_batches=2, on_exhausted="fill")
+    batch = run.collect(step=1)
     # the 3 mixed groups, then the first group the filter dropped (position 1, all wrong)
-    assert [ex.uid for ex in batch.examples] == ctx.uids([0, 7, 9, 1])
+    assert [ex.uid for ex in batch.examples] == run.uids([0, 7, 9, 1])
     assert batch.verdicts[-2:] == [WRONG, WRONG]
     assert metrics(batch) == {
         "dynamic_sampling/rounds": 2.0, "dynamic_sampling/prompts": 12.0, "dynamic_sampling/mixed_groups": 3.0,
@@ -118,10 +132,10 @@ def test_exhausted_rounds_fill_with_the_first_dropped_groups():
 
 @pytest.mark.parametrize("mini_batches, kept", [(1, [0, 7, 9]), (2, [0, 7]), (4, [])])
 def test_exhausted_rounds_keep_the_mixed_groups_that_split_over_the_mini_batches(mini_batches, kept):
-    ctx = ScriptedContext(SHORT, prompts_per_step=4, mini_batches=mini_batches, oversample=1.5, max_gen_batches=2,
+    run = Scripted(SHORT, prompts_per_step=4, mini_batches=mini_batches, oversample=1.5, max_gen_batches=2,
                           on_exhausted="keep_partial")
-    batch = collect_rollouts(ctx, step=1)
-    assert [ex.uid for ex in batch.examples] == ctx.uids(kept)
+    batch = run.collect(step=1)
+    assert [ex.uid for ex in batch.examples] == run.uids(kept)
     assert len(batch.response_ids) == G * len(kept)
     logged = metrics(batch)
     assert (logged["dynamic_sampling/batch_groups"], logged["dynamic_sampling/dropped_groups"]) == (
@@ -130,25 +144,23 @@ def test_exhausted_rounds_keep_the_mixed_groups_that_split_over_the_mini_batches
 
 
 def test_round_size_is_rounded_up_to_a_multiple_of_the_processes(monkeypatch):
-    from tokenpo.trainer import rollouts
-
-    monkeypatch.setattr(rollouts.dist, "world_size", lambda: 4)
+    monkeypatch.setattr(trainer_step.dist, "world_size", lambda: 4)
     # generate_and_score with 4 ranks would gather over a process group; this checks only the draw
-    monkeypatch.setattr(rollouts, "generate_and_score", lambda ctx, examples, params, generator: drawn.append(
-        len(examples)) or rollouts.StepRollouts())
+    monkeypatch.setattr(RolloutSource, "generate_and_score", lambda source, examples, generator, timings: drawn.append(
+        len(examples)) or StepRollouts())
     drawn: list[int] = []
-    ctx = ScriptedContext("W" * NUM_EXAMPLES, prompts_per_step=4, oversample=1.5, max_gen_batches=3,
+    run = Scripted("W" * NUM_EXAMPLES, prompts_per_step=4, oversample=1.5, max_gen_batches=3,
                           on_exhausted="keep_partial")
-    collect_rollouts(ctx, step=1)
+    run.collect(step=1)
     assert drawn == [8, 8, 8]  # ceil(1.5 x 4) = 6 -> 8 for 4 processes
 
 
 def test_without_dynamic_sampling_one_round_of_the_batch_is_kept_as_drawn():
-    ctx = ScriptedContext("RWMW" + "M" * 10, prompts_per_step=4, oversample=3.0)
-    ctx.cfg.algorithm.dynamic_sampling.enabled = False
-    batch = collect_rollouts(ctx, step=1)
-    assert [ex.uid for ex in batch.examples] == ctx.uids([0, 1, 2, 3])
-    assert ctx.sampler.state_dict()["position"] == 4
+    run = Scripted("RWMW" + "M" * 10, prompts_per_step=4, oversample=3.0)
+    run.sampling = replace(run.sampling, enabled=False)
+    batch = run.collect(step=1)
+    assert [ex.uid for ex in batch.examples] == run.uids([0, 1, 2, 3])
+    assert run.sampler.state_dict()["position"] == 4
     assert metrics(batch) == {
         "dynamic_sampling/rounds": 1.0, "dynamic_sampling/prompts": 4.0, "dynamic_sampling/mixed_groups": 4.0,
         "dynamic_sampling/filled_groups": 0.0, "dynamic_sampling/dropped_groups": 0.0,
