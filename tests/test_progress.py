@@ -28,7 +28,7 @@ from tokenpo.evaluation.run import evaluate
 from tokenpo.models.config import ModelConfig
 from tokenpo.models.loading import load_model
 from tokenpo.rollout.engine import Responses
-from tokenpo.trainer.checkpoint_layout import file_records
+from tokenpo.trainer.checkpoint_manifest import manifest_records
 
 
 class Scorer:
@@ -50,7 +50,7 @@ metrics, _ = evaluate(examples, lambda ex: [1, 2], generate, lambda ids: ["AB"] 
 out = Path(sys.argv[1])
 tokenizer, model = load_model(ModelConfig(name="tiny", source="tiny"))
 model.save_pretrained(out)
-file_records(out)
+manifest_records(out)
 print("LONG WORK DONE", metrics["accuracy"])
 """
 
