@@ -2,7 +2,7 @@
 export. The step calls `logprobs`, `reference_logprobs`, `backward`, `step`; nothing outside this module needs to know
 whether the policy trains LoRA adapters, where its reference lives, or which ZeRO stage partitions it.
 
-LoRA (tokenpo.models.lora) changes four things here, and only here: no reference copy is built (the policy's own
+LoRA (tokenpo.models.lora) changes four things of the policy, all of them here: no reference copy is built (the policy's own
 module with its adapters off is the initial policy), checkpoints hold the trainable parameters only (the frozen base
 is the model's own) and record the LoRA settings a resume must match, and the export writes the merged model and the
 adapter.
