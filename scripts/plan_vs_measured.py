@@ -78,6 +78,7 @@ def measure(overrides: list[str], run_dir: Path, out: Path) -> None:
     from tokenpo.deepspeed import dist
     from tokenpo.plan import build_plan
     from tokenpo.trainer import loop
+    from tokenpo.trainer.identity import RunIdentity
 
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         tree = compose("train", overrides=overrides)
@@ -85,8 +86,8 @@ def measure(overrides: list[str], run_dir: Path, out: Path) -> None:
     met = {}
     worst_case = loop.run_worst_case
 
-    def recorded(ctx, examples):
-        met["shapes"] = worst_case(ctx, examples)
+    def recorded(*args):
+        met["shapes"] = worst_case(*args)
         return met["shapes"]
 
     loop.run_worst_case = recorded
@@ -94,7 +95,7 @@ def measure(overrides: list[str], run_dir: Path, out: Path) -> None:
     baseline = status_bytes("VmRSS")
     # the peak so far (the imports' transient allocations) is forgotten: VmHWM restarts from VmRSS
     Path("/proc/self/clear_refs").write_text("5")
-    loop.train(cfg, run_dir, "plan_vs_measured", "plan", resolved)
+    loop.train(cfg, RunIdentity(run_dir, "plan_vs_measured", "plan", resolved))
     peak = status_bytes("VmHWM")
     plan = build_plan(cfg, dist.world_size(), None, met["shapes"].prompt_tokens, device="cpu")
     out.write_text(json.dumps({"baseline": baseline, "peak": peak, "prompt_tokens": met["shapes"].prompt_tokens,

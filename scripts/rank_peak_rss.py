@@ -21,9 +21,11 @@ import psutil
 
 # the folder where each worker writes <mark>.rank<N>: its VmHWM in MiB before that call
 SETUP_DIR = "RANK_PEAK_RSS_SETUP_DIR"
-# the loop's calls before which a worker records its VmHWM: models and KL reference (engine) loaded, the policy's
-# optimizer and engine not yet built; everything built, the first step starting
+# the trainer's calls before which a worker records its VmHWM: models and KL reference (engine) loaded, the policy's
+# optimizer and engine not yet built (tokenpo.trainer.policy); everything built, the first step starting
+# (tokenpo.trainer.step)
 MARKS = {"build_optimizer": "the policy's optimizer", "collect_rollouts": "the first step"}
+MARK_MODULES = {"build_optimizer": "policy", "collect_rollouts": "step"}  # the tokenpo.trainer module calling each
 
 
 def high_water_mib(pid: int) -> float:
@@ -35,14 +37,16 @@ def high_water_mib(pid: int) -> float:
 
 def record_at_marks() -> None:
     """Run by the generated sitecustomize in every process: in a worker of a run with SETUP_DIR set, the first call
-    of each of the loop's MARKS first writes the worker's VmHWM."""
+    of each of the MARKS first writes the worker's VmHWM."""
     if SETUP_DIR not in os.environ or "RANK" not in os.environ:
         return
-    from tokenpo.trainer import loop  # the loop calls these by this module's names
+    import importlib
 
     for name in MARKS:
+        # the trainer calls these by its modules' own names
+        module = importlib.import_module(f"tokenpo.trainer.{MARK_MODULES[name]}")
         out = Path(os.environ[SETUP_DIR]) / f"{name}.rank{os.environ['RANK']}"
-        setattr(loop, name, recording(getattr(loop, name), out))
+        setattr(module, name, recording(getattr(module, name), out))
 
 
 def recording(fn, out: Path):

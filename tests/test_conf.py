@@ -24,7 +24,7 @@ from tokenpo.data.config import DataConfig
 from tokenpo.evaluation.config import EvalConfig
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.models.config import LoraConfig, ModelConfig
-from tokenpo.rollout.config import RolloutConfig, VLLMConfig
+from tokenpo.rollout.config import RolloutConfig
 from tokenpo.schema import setting
 
 CONF = Path(CONF_DIR)

@@ -26,7 +26,7 @@ from tokenpo.models.config import ModelConfig
 from tokenpo.models.loading import load_model
 from tokenpo.rewards import AnswerSpec
 from tokenpo.rollout.engine import Responses
-from tokenpo.trainer.checkpoint_layout import file_records
+from tokenpo.trainer.checkpoint_manifest import manifest_records
 
 
 class Scorer:
@@ -50,7 +50,7 @@ metrics = evaluate(task, TextSampler(generate, Tokenizer()), Scorer(), seed=0).m
 out = Path(sys.argv[1])
 tokenizer, model = load_model(ModelConfig(name="tiny", source="tiny"))
 model.save_pretrained(out)
-file_records(out)
+manifest_records(out)
 print("LONG WORK DONE", metrics["accuracy"])
 """
 

@@ -28,7 +28,7 @@ from tokenpo.data.loaders import check_local_files
 from tokenpo.errors import ConfigError
 from tokenpo.models.locate import check_weights_available
 from tokenpo.rewards.user_fn import load_reward_fn
-from tokenpo.trainer.checkpoint_layout import check_lora, resume_dir_on_disk
+from tokenpo.trainer.checkpoint import check_lora, resume_dir_on_disk
 
 # Hydra flags that do not run a job (help, info, completion, rerun) or that pick another config tree: left to Hydra
 NOT_CHECKED_FLAGS = ("help", "hydra_help", "info", "shell_completion", "experimental_rerun", "config_path",

@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import hydra
@@ -25,6 +26,7 @@ from tokenpo.plan.context import check_run_context, resolved_max_model_len, run_
 from tokenpo.plan.memory import check_memory_plan
 from tokenpo.preflight import check_command_line, check_inputs
 from tokenpo.trainer import rundir
+from tokenpo.trainer.identity import RunIdentity
 from tokenpo.versions import check_supported_versions
 
 log = logging.getLogger("tokenpo")
@@ -38,14 +40,13 @@ def is_run_control(override: str) -> bool:
     return override.lstrip("+~").startswith(RUN_CONTROL_KEYS)
 
 
-def run_identity() -> tuple[Path, str, str]:
-    """Run dir, W&B run name (the job's overrides) and group (the sweep folder, or 'single')."""
+def run_identity(tree: DictConfig) -> RunIdentity:
+    """Run dir, W&B run name (the job's overrides), group (the sweep folder, or 'single') and resolved config."""
     hc = HydraConfig.get()
-    run_dir = Path(hc.runtime.output_dir)
     overrides = [o for o in hc.overrides.task if not is_run_control(o)]
     name = ",".join(sorted(overrides)) or "default"
     group = Path(hc.sweep.dir).name if hc.mode.name == "MULTIRUN" else "single"
-    return run_dir, name, group
+    return RunIdentity(Path(hc.runtime.output_dir), name, group, OmegaConf.to_container(tree, resolve=True))
 
 
 class JobFailed(RuntimeError):
@@ -105,7 +106,7 @@ def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
     world = job_world(cfg.trainer.nproc)
     # before any process starts or loads a model
     cfg.validate_batch(max(world, cfg.trainer.nproc))
-    run_dir, name, group = run_identity()
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
     job = HydraConfig.get().job.num if in_sweep else None
     # a submitit job's other tasks share this run dir: rank 0 alone reports and writes
     rank0 = int(os.environ.get("RANK", "0")) == 0
@@ -136,13 +137,13 @@ def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
             log.info("job %d: %s in %s", job, "resumed" if rundir.continues_here(run_dir, resume) else "started",
                      run_dir)
         start_run_dir(run_dir, resume, tree)
-    resolved = OmegaConf.to_container(tree, resolve=True)
+    identity = run_identity(tree)
     # before DeepSpeed JIT-builds anything here or in the workers: a lock left by a killed build hangs it silently
     check_build_locks(os.environ)
     if cfg.trainer.nproc > 1 and world == 1:
-        summary = launch_local_workers(cfg.trainer.nproc, run_dir, name, group, resolved)
+        summary = launch_local_workers(cfg.trainer.nproc, identity)
     else:
-        summary = run_here(cfg, run_dir, name, group, resolved, world)
+        summary = run_here(cfg, identity, world)
     if summary is None:
         return None
     if summary.get("interrupted"):
@@ -175,17 +176,18 @@ def start_run_dir(run_dir: Path, resume: str, tree: DictConfig) -> None:
         (hydra_dir / name).write_text(OmegaConf.to_yaml(node))
 
 
-def run_here(cfg, run_dir: Path, name: str, group: str, resolved: dict, world: int) -> dict:
+def run_here(cfg, identity: RunIdentity, world: int) -> dict:
     """Train in this process; under an external launcher every rank takes rank 0's run dir and names."""
     from tokenpo.deepspeed import dist
     from tokenpo.trainer.loop import train
 
     if world > 1:
         dist.init_distributed(cfg.deepspeed.backend, cfg.trainer.dist_timeout_s)
-        run_dir, name, group = dist.broadcast_object((run_dir, name, group))
+        run_dir, name, group = dist.broadcast_object((identity.run_dir, identity.name, identity.group))
+        identity = replace(identity, run_dir=run_dir, name=name, group=group)
         if not dist.is_main():
             logging.getLogger().setLevel(logging.WARNING)
-    return train(cfg, run_dir, name, group, resolved)
+    return train(cfg, identity)
 
 
 def main() -> None:

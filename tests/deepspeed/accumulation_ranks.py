@@ -68,7 +68,7 @@ def one_update(stage: int, way: str) -> dict[str, torch.Tensor]:
     inputs, targets = rank_rows(dist.rank())
     for batch_inputs, batch_targets in micro_batches(way, inputs, targets):
         loss = loss_share(engine, batch_inputs, batch_targets, global_rows=world * sum(MICRO_ROWS))
-        # as tokenpo.trainer.update does: DeepSpeed averages gradients over ranks
+        # as tokenpo.trainer.policy.Policy.backward does: DeepSpeed averages gradients over ranks
         engine.backward(loss * world, scale_wrt_gas=False)
     engine.step()
     after = full_weights(engine.module)
@@ -86,7 +86,7 @@ def write_updates(out: Path, stages: list[int]) -> None:
 
 
 def main(out: Path, stages: list[int]) -> None:
-    # one intra-op thread per process, as multiproc_util.SMALL runs them (two ranks share two cores)
+    # one intra-op thread per process, as support.config.SMALL runs them (two ranks share two cores)
     torch.set_num_threads(1)
     dist.init_distributed("gloo")
     write_updates(out, stages)

@@ -2,7 +2,7 @@
 
 The ranks (zero_ranks.py) apply one update to a fixed rollout batch under each stage, with the whole batch in
 one micro-batch and with gradient accumulation over one-group micro-batches, and export the policy with
-deepspeed.export.export_hf; the reference is the same trainer code on one process with a plain AdamW engine
+Policy.export; the reference is the same trainer code on one process with a plain AdamW engine
 written here.
 Adam makes the weights nearly blind to a gradient's scale, so the loss and the gradient norm are compared too.
 Then every stage trains 2 full steps with train(): same metrics and final weights whatever the stage.
@@ -21,11 +21,10 @@ from transformers import AutoModelForCausalLM
 
 from support.config import compose_config
 from support.metrics import by_step, deterministic, read_metrics
-from support.runs import fixed_rollouts, run_ranks
-from tokenpo.trainer.optim import step_lr
+from support.runs import run_ranks
 from tokenpo.models.loading import load_model
-from tokenpo.trainer.context import RunContext, Timings
-from tokenpo.trainer.update import train_on_rollouts
+from tokenpo.trainer.optim import step_lr
+from tokenpo.trainer.policy import Policy, PolicySettings
 
 pytestmark = pytest.mark.multiproc
 
@@ -71,11 +70,11 @@ def plain_update(micro: str) -> tuple[dict, dict, list]:
     cfg, _ = compose_config(zero_ranks.update_overrides("zero0", micro))
     tokenizer, model = load_model(cfg.model, cfg.seed)
     reference = copy.deepcopy(model).eval().requires_grad_(False)
-    ctx = RunContext.create(cfg, Path("."), tokenizer, PlainEngine(model, cfg.trainer), reference, None, None,
-                            torch.device("cpu"))
-    rollouts = fixed_rollouts(len(tokenizer), zero_ranks.VERDICTS, zero_ranks.MAX_NEW, zero_ranks.ROLLOUT_SEED)
-    metrics = train_on_rollouts(ctx, rollouts, Timings())
-    return metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}, zero_ranks.sample(ctx)
+    policy = Policy(PlainEngine(model, cfg.trainer), None, reference, torch.device("cpu"),
+                    PolicySettings.from_config(cfg))
+    metrics = zero_ranks.fixed_update(cfg, policy, tokenizer)
+    return (metrics, {k: v.detach().clone() for k, v in model.state_dict().items()},
+            zero_ranks.sample(cfg, policy, tokenizer))
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 MASTER_* set).
 
 - `update/<stage>-<micro>/`: the policy after one update on the fixed rollout batch of `fixed_rollouts`
-  (identical on every rank) under each ZeRO stage and micro-batch size, exported with deepspeed.export.export_hf;
-  `update/<stage>-<micro>.json`: that update's metrics, a sample from ctx.generate (under ZeRO-3 with gathered
+  (identical on every rank) under each ZeRO stage and micro-batch size, exported with Policy.export;
+  `update/<stage>-<micro>.json`: that update's metrics, a sample from the run's rollout engine (under ZeRO-3 with gathered
   parameters) and whether the policy and reference parameters are sharded;
 - `train/<stage>/`: two training steps with train() under ZeRO 0-3.
 """
@@ -20,19 +20,19 @@ from support.config import SMALL, compose_config
 from support.runs import fixed_rollouts, train_run
 from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import build_policy_engine, build_reference, partitioned_loading
-from tokenpo.deepspeed.export import export_hf
 from tokenpo.models.loading import load_model
 from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG
-from tokenpo.rollout.engine import SamplingParams
-from tokenpo.trainer.context import RunContext, Timings
+from tokenpo.rollout.engine import SamplingParams, build_engine
 from tokenpo.trainer.optim import build_optimizer
-from tokenpo.trainer.update import train_on_rollouts
+from tokenpo.trainer.policy import Policy, PolicySettings
+from tokenpo.trainer.step import StepSettings, update_policy
+from tokenpo.trainer.timings import Timings
 
 STAGES = ("zero0", "zero1", "zero2", "zero3", "zero3_offload")
 # micro-batch sizes (rows): a rank's whole share of a mini-batch in one pass, or one group of 2 per pass
 MICRO = {"whole": 64, "accumulated": 2}
 GROUPS, GROUP_SIZE, MAX_NEW = 8, 2, 8
-# the fixed batch's prompts and responses (multiproc_util.fixed_rollouts), the same in the one-process reference
+# the fixed batch's prompts and responses (support.runs.fixed_rollouts), the same in the one-process reference
 ROLLOUT_SEED = 1234
 # verdicts per group: mixed, all correct (zero advantage), unparsable gold (dropped from the loss), all wrong
 VERDICTS = [[CORRECT, WRONG], [WRONG, CORRECT], [CORRECT, CORRECT], [WRONG, CORRECT],
@@ -48,10 +48,18 @@ def update_overrides(stage: str, micro: str) -> list[str]:
                     "trainer.warmup_steps=0", f"trainer.micro_batch_size={MICRO[micro]}"]
 
 
-def sample(ctx) -> list[list[int]]:
-    """Sampled continuations of SAMPLE_PROMPTS with a fixed generator (the same on every rank)."""
+def sample(cfg, policy: Policy, tokenizer) -> list[list[int]]:
+    """Sampled continuations of SAMPLE_PROMPTS with a fixed generator (the same on every rank), by the rollout engine
+    the run builds."""
     params = SamplingParams(2, MAX_NEW)
-    return ctx.generate(SAMPLE_PROMPTS, params, torch.Generator().manual_seed(7)).token_ids
+    engine = build_engine(cfg.rollout, policy.engine, tokenizer, cfg.deepspeed)
+    return engine.generate(SAMPLE_PROMPTS, params, torch.Generator().manual_seed(7)).token_ids
+
+
+def fixed_update(cfg, policy: Policy, tokenizer) -> dict[str, float]:
+    """The metrics of the step's update on the fixed rollout batch."""
+    rollouts = fixed_rollouts(len(tokenizer), VERDICTS, MAX_NEW, ROLLOUT_SEED)
+    return update_policy(StepSettings.from_config(cfg, tokenizer.pad_token_id), policy, rollouts, Timings())
 
 
 def is_sharded(module) -> bool:
@@ -70,16 +78,17 @@ def one_update(stage: str, micro: str, out: Path) -> None:
     loaded_sharded = is_sharded(model)  # before any engine: ZeRO-3 loads partitioned
     reference = build_reference(model, cfg.deepspeed, **sizes,
                                 load_initial=lambda: load_model(cfg.model, cfg.seed, partitioned)[1])
-    policy = build_policy_engine(model, build_optimizer(model, cfg.trainer), cfg.deepspeed, **sizes)
-    ctx = RunContext.create(cfg, out, tokenizer, policy, reference, None, None, dist.device())
-    metrics = train_on_rollouts(ctx, fixed_rollouts(len(tokenizer), VERDICTS, MAX_NEW, ROLLOUT_SEED), Timings())
-    tokens = sample(ctx)
+    optimizer = build_optimizer(model, cfg.trainer)
+    engine = build_policy_engine(model, optimizer, cfg.deepspeed, **sizes)
+    policy = Policy(engine, optimizer, reference, dist.device(), PolicySettings.from_config(cfg))
+    metrics = fixed_update(cfg, policy, tokenizer)
+    tokens = sample(cfg, policy, tokenizer)
     name = f"{stage}-{micro}"
-    export_hf(policy, tokenizer, out / name, cfg.deepspeed.stage)
+    policy.export(tokenizer, out / name)
     if dist.is_main():
         report = {"metrics": metrics, "sample": tokens, "policy_sharded": is_sharded(policy.module),
                   "reference_sharded": is_sharded(reference), "loaded_sharded": loaded_sharded,
-                  "backward_allreduce": policy.enable_backward_allreduce}
+                  "backward_allreduce": engine.enable_backward_allreduce}
         (out / f"{name}.json").write_text(json.dumps(report))
 
 

@@ -22,11 +22,12 @@ from tokenpo.data import data_config_from_dict
 from tokenpo.errors import ConfigError
 import tokenpo.evaluate  # noqa: F401 (registers the `evaluate` config)
 from tokenpo.evaluation import cli, run
-from tokenpo.evaluation.benchmark import load_benchmark
+from tokenpo.evaluation.benchmark import Benchmark, load_benchmark
 from tokenpo.evaluation.cli import build_eval_run, run_evaluation
+from tokenpo.evaluation.run import TextSampler
 from tokenpo.rewards import RewardScorer
 from tokenpo.rollout.engine import Responses
-from tokenpo.trainer.loop import eval_benchmark
+from tokenpo.trainer.evals import Evaluator
 
 REPO = Path(__file__).resolve().parents[2]
 MATH500 = REPO / "tests" / "data" / "fixtures" / "math500.jsonl"
@@ -111,8 +112,9 @@ def test_eval_temperature_and_top_p_reach_the_samples_in_both_paths(monkeypatch,
     cfg = train_config(*BENCHMARK)
     examples, eval_data = load_benchmark(cfg.eval, cfg.data, cfg.seed, tokenizer)
     with RewardScorer(cfg.reward_for(cfg.data)) as training_scorer:  # as train() builds it: arith's settings
-        ctx = SimpleNamespace(cfg=cfg, scorer=training_scorer, tokenizer=tokenizer, generate=engine.generate)
-        train_metrics, train_records = eval_benchmark(ctx, cfg.eval, examples, eval_data, step=0)
+        evaluator = Evaluator(TextSampler(engine.generate, tokenizer), training_scorer, cfg.reward, cfg.rollout,
+                              cfg.seed)
+        train_metrics, train_records = evaluator(Benchmark(cfg.eval, examples, eval_data, main=True), step=0)
 
     assert protocol_settings(cli_params) == protocol_settings(engine.params) == [(1, 0.0, 1.0, 8), (2, 0.7, 0.9, 8)]
     # the unboxed greedy answer is no answer for MATH-500 (arith's settings would say correct, then wrong)

@@ -27,6 +27,7 @@ from tokenpo import CONF_DIR
 from tokenpo.algorithms import needs_entropy, needs_reference
 from tokenpo.config import TrainConfig, build_config
 from tokenpo.data.config import data_config_from_dict
+from tokenpo.trainer.identity import RunIdentity
 from tokenpo.trainer.loop import train
 
 EXPERIMENTS_DOC = Path(__file__).resolve().parents[2] / "docs" / "experiments.md"
@@ -344,7 +345,7 @@ PAPER_SKIP = pytest.mark.skip(reason="paper-scale GPU setup (hub weights, 8 proc
 def test_experiment_trains_one_step_on_cpu(name, tmp_path, process_group_of_one, own_signal_handlers):
     tree = compose_tree(f"experiment={name}", *CPU_STEP)
     cfg = build_config(tree)
-    train(cfg, tmp_path, name, "tests", OmegaConf.to_container(tree, resolve=True))
+    train(cfg, RunIdentity(tmp_path, name, "tests", OmegaConf.to_container(tree, resolve=True)))
 
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     step = next(r for r in records if r["step"] == 1)

@@ -17,6 +17,7 @@ from wandb.proto import wandb_internal_pb2
 
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.logger.run_logger import RunLogger
+from tokenpo.trainer.identity import RunIdentity
 from tokenpo.logger.wandb_files import history_steps, offline_steps, records
 
 # a training process that logs steps 0-3 and is then killed
@@ -25,8 +26,9 @@ import os, signal, sys
 from pathlib import Path
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.logger.run_logger import RunLogger
+from tokenpo.trainer.identity import RunIdentity
 run_dir = Path(sys.argv[1])
-logger = RunLogger(LoggerConfig(mode="offline"), run_dir, enabled=True, run_name="r", group="g", config={})
+logger = RunLogger(LoggerConfig(mode="offline"), RunIdentity(run_dir, "r", "g", {}), enabled=True)
 (run_dir / "wandb_id").write_text(logger.wandb_id)
 for step in range(4):
     logger.log(step, {"reward/mean": step / 10})
@@ -35,7 +37,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 
 def offline_logger(run_dir: Path, resume_id: str | None = None) -> RunLogger:
-    return RunLogger(LoggerConfig(mode="offline"), run_dir, enabled=True, run_name="r", group="g", config={},
+    return RunLogger(LoggerConfig(mode="offline"), RunIdentity(run_dir, "r", "g", {}), enabled=True,
                      resume_id=resume_id)
 
 
@@ -99,8 +101,7 @@ def test_an_online_run_gets_the_steps_after_the_servers(tmp_path, monkeypatch):
     rows = [{"step": 0, "eval/accuracy": 0.5}, {"step": 1, "loss": 1.0}, {"step": 2, "loss": None, "reward/mean": 0.2},
             {"step": 3, "loss": 3.0}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows) + '{"step": 4, "lo')
-    RunLogger(LoggerConfig(mode="online"), tmp_path, enabled=True, run_name="r", group="g", config={},
-              resume_id="run1")
+    RunLogger(LoggerConfig(mode="online"), RunIdentity(tmp_path, "r", "g", {}), enabled=True, resume_id="run1")
     # a non-finite value (stored as null) is left out; the line cut short by the kill too
     assert run.logged == [(2, {"reward/mean": 0.2}), (3, {"loss": 3.0})]
 

@@ -16,6 +16,7 @@ from support.env import REPO, cli_env
 from tokenpo.errors import ConfigError
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.logger.run_logger import RunLogger
+from tokenpo.trainer.identity import RunIdentity
 from tokenpo.logger.samples import EVAL_COLUMNS, ROLLOUT_COLUMNS, eval_rows, spread
 from tokenpo.logger.wandb_files import records
 
@@ -62,7 +63,7 @@ def test_eval_rows_hold_greedy_then_samples_with_verdicts():
 
 
 def test_logged_tables_are_in_wandb_and_samples_jsonl(tmp_path):
-    logger = RunLogger(LoggerConfig(mode="offline"), tmp_path, enabled=True, run_name="r", group="g", config={})
+    logger = RunLogger(LoggerConfig(mode="offline"), RunIdentity(tmp_path, "r", "g", {}), enabled=True)
     rows = [{"step": 3, "prompt": "1+1?", "response": r"\boxed{2}", "reward": 1.0, "verdict": "correct",
              "answer": "2", "length": 9, "truncated": False},
             {"step": 3, "prompt": "1+2?", "response": "no idea", "reward": 0.0, "verdict": "no_answer",
@@ -78,8 +79,8 @@ def test_logged_tables_are_in_wandb_and_samples_jsonl(tmp_path):
 
 
 def test_samples_every_zero_logs_no_table(tmp_path):
-    logger = RunLogger(LoggerConfig(mode="disabled", samples_every=0), tmp_path, enabled=True, run_name="r",
-                       group="g", config={})
+    logger = RunLogger(LoggerConfig(mode="disabled", samples_every=0), RunIdentity(tmp_path, "r", "g", {}),
+                       enabled=True)
     logger.log_samples(1, "rollouts", [{"step": 1, "response": "x"}])
     assert not (tmp_path / "samples.jsonl").exists()
 

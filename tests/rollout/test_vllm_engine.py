@@ -63,7 +63,7 @@ def engine(setup):
 
 
 def trainer_logprobs(model, tokenizer, prompts, responses, group_size):
-    """The trainer's log-probs of the responses (list of 1-D tensors), as train_on_rollouts computes them."""
+    """The trainer's log-probs of the responses (list of 1-D tensors), as tokenpo.trainer.step.row_logprobs has them."""
     tokens = pad_groups(prompts, responses, tokenizer.pad_token_id, torch.device("cpu"))
     with torch.no_grad():
         logp, _ = response_logprobs(model, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids,

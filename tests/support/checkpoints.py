@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokenpo.trainer import checkpoint
+import torch
+
+from tokenpo.trainer.policy import Policy, PolicySettings
 
 
 class FakeEngine:
@@ -31,11 +33,20 @@ class FakeEngine:
         return load_dir, json.loads((state / "client.json").read_text())
 
 
+def policy(engine: FakeEngine | None = None) -> Policy:
+    """A full fine-tuning policy around `engine` (default: a FakeEngine at ZeRO-2)."""
+    return Policy(engine or FakeEngine(), None, None, torch.device("cpu"), PolicySettings(1.0, 1024, False, None))
+
+
+def save(engine, root: Path, step: int, client_state: dict, keep_last: int, with_checksums: bool = True) -> Path:
+    return policy(engine).save(root, step, client_state, keep_last=keep_last, with_checksums=with_checksums)
+
+
 def saved_run(tmp_path: Path, steps=(1, 2), keep_last: int = 2) -> Path:
     """A run dir with checkpoints of `steps`; returns its checkpoints folder."""
     root = tmp_path / "run" / "checkpoints"
     for step in steps:
-        checkpoint.save(FakeEngine(), root, step, {"step": step}, keep_last=keep_last)
+        save(FakeEngine(), root, step, {"step": step}, keep_last=keep_last)
     return root
 
 

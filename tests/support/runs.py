@@ -76,11 +76,12 @@ def fixed_rollouts(vocab_size: int, verdicts: list[list], max_new: int, seed: in
 
 def train_run(run_dir: Path, overrides: list[str]) -> dict:
     """train() in this process (every rank calls it) into `run_dir`."""
+    from tokenpo.trainer.identity import RunIdentity
     from tokenpo.trainer.loop import train
 
     cfg, resolved = compose_config(overrides)
     run_dir.mkdir(parents=True, exist_ok=True)
-    return train(cfg, run_dir, run_dir.name, "tests", resolved)
+    return train(cfg, RunIdentity(run_dir, run_dir.name, "tests", resolved))
 
 
 @contextlib.contextmanager

@@ -9,10 +9,12 @@ import logging
 import sys
 from pathlib import Path
 
+import torch
 import torch.distributed
 
 from tokenpo.deepspeed import dist
-from tokenpo.trainer import checkpoint, checkpoint_layout
+from tokenpo.trainer import checkpoint, checkpoint_manifest
+from tokenpo.trainer.policy import Policy, PolicySettings
 
 
 class ShardedEngine:
@@ -33,17 +35,18 @@ def main(out: Path) -> None:
     torch.distributed.init_process_group("gloo")
     logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
     checksummed: list[str] = []
-    recorded = checkpoint_layout.file_checksum
+    recorded = checkpoint_manifest.file_crc32
 
-    def recording(path: Path, checksum: str) -> str:
+    def recording(path: Path) -> str:
         checksummed.append(f"{path.parent.name}/{path.name}" if path.parent.name == "state" else path.name)
-        return recorded(path, checksum)
+        return recorded(path)
 
-    checkpoint_layout.file_checksum = recording
+    checkpoint_manifest.file_crc32 = recording
+    policy = Policy(ShardedEngine(), None, None, torch.device("cpu"), PolicySettings(1.0, 1024, False, None))
     run_dir = out / "run"
     phases = {}
     for step in (1, 2):
-        checkpoint.save(ShardedEngine(), run_dir / "checkpoints", step, {"step": step}, keep_last=2)
+        policy.save(run_dir / "checkpoints", step, {"step": step}, keep_last=2, with_checksums=True)
         phases[f"save {step}"], checksummed[:] = list(checksummed), []
     resumed = {"intact": checkpoint.find_resume_dir("auto", run_dir)}
     phases["verify intact"], checksummed[:] = list(checksummed), []

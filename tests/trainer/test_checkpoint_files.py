@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
+import shutil
 import zlib
 from pathlib import Path
 
@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from support.checkpoints import FakeEngine, flip_byte, saved_run
+from support.checkpoints import FakeEngine, flip_byte, policy, save, saved_run
 from tokenpo.errors import ConfigError
 from tokenpo.trainer import checkpoint
 
 
 def test_save_renames_into_place_and_points_latest(tmp_path):
     root = tmp_path / "checkpoints"
-    path = checkpoint.save(FakeEngine(), root, 4, {"step": 4}, keep_last=2)
+    path = save(FakeEngine(), root, 4, {"step": 4}, keep_last=2)
     assert path == root / "step_000004"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000004"]
     assert json.loads((root / "latest").read_text()) == {"step": 4, "path": "step_000004"}
@@ -33,20 +33,20 @@ def test_save_renames_into_place_and_points_latest(tmp_path):
 def test_keep_last_deletes_the_oldest(tmp_path):
     root = tmp_path / "checkpoints"
     for step in (1, 2, 3, 10):
-        checkpoint.save(FakeEngine(), root, step, {"step": step}, keep_last=2)
+        save(FakeEngine(), root, step, {"step": step}, keep_last=2)
     assert sorted(p.name for p in root.glob("step_*")) == ["step_000003", "step_000010"]
 
 
 def test_killed_save_keeps_previous_checkpoint_resumable(tmp_path):
     root = tmp_path / "checkpoints"
-    checkpoint.save(FakeEngine(), root, 1, {"step": 1}, keep_last=2)
+    save(FakeEngine(), root, 1, {"step": 1}, keep_last=2)
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.save(FakeEngine(fail_after_partial=True), root, 2, {"step": 2}, keep_last=2)
+        save(FakeEngine(fail_after_partial=True), root, 2, {"step": 2}, keep_last=2)
     assert (root / ".tmp-step_000002" / "state" / "part0.pt").is_file()
     assert checkpoint.find_resume_dir("auto", tmp_path) == root / "step_000001"
-    assert checkpoint.load(FakeEngine(), checkpoint.find_resume_dir("auto", tmp_path)) == {"step": 1}
+    assert policy(FakeEngine()).load(checkpoint.find_resume_dir("auto", tmp_path)) == {"step": 1}
     # the next save clears the half-written folder
-    checkpoint.save(FakeEngine(), root, 2, {"step": 2}, keep_last=2)
+    save(FakeEngine(), root, 2, {"step": 2}, keep_last=2)
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001", "step_000002"]
 
 
@@ -54,7 +54,7 @@ def test_find_resume_dir(tmp_path):
     root = tmp_path / "run" / "checkpoints"
     assert checkpoint.find_resume_dir("auto", tmp_path / "run") is None
     assert checkpoint.find_resume_dir("none", tmp_path / "run") is None
-    checkpoint.save(FakeEngine(), root, 3, {"step": 3}, keep_last=2)
+    save(FakeEngine(), root, 3, {"step": 3}, keep_last=2)
     other_run = tmp_path / "other"
     # a run dir, its checkpoints folder or one checkpoint, given by path from another run
     assert checkpoint.find_resume_dir(str(tmp_path / "run"), other_run) == root / "step_000003"
@@ -68,24 +68,24 @@ def test_find_resume_dir(tmp_path):
 
 
 def test_load_refuses_another_number_of_processes_or_zero_stage(tmp_path):
-    path = checkpoint.save(FakeEngine(stage=2), tmp_path, 1, {"step": 1}, keep_last=2)
+    path = save(FakeEngine(stage=2), tmp_path, 1, {"step": 1}, keep_last=2)
     with pytest.raises(ConfigError, match="written under ZeRO stage 2; resume it with deepspeed.stage=2, not 3"):
-        checkpoint.load(FakeEngine(stage=3), path)
+        policy(FakeEngine(stage=3)).load(path)
     (path / "tokenpo.json").write_text(json.dumps({"step": 1, "world_size": 4, "zero_stage": 2}))
     with pytest.raises(ConfigError, match="written by 4 process\\(es\\); resume it with 4, not 1"):
-        checkpoint.load(FakeEngine(stage=2), path)
+        policy(FakeEngine(stage=2)).load(path)
 
 
 def test_load_restores_rng_states(tmp_path):
     random.seed(1)
     np.random.seed(1)
     torch.manual_seed(1)
-    path = checkpoint.save(FakeEngine(), tmp_path, 1, {"step": 1}, keep_last=2)
+    path = save(FakeEngine(), tmp_path, 1, {"step": 1}, keep_last=2)
     expected = (random.random(), np.random.rand(), torch.rand(3))
     random.seed(2)
     np.random.seed(2)
     torch.manual_seed(2)
-    checkpoint.load(FakeEngine(), path)
+    policy(FakeEngine()).load(path)
     got = (random.random(), np.random.rand(), torch.rand(3))
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
 
@@ -103,7 +103,7 @@ def test_trim_metrics_drops_later_steps_and_a_cut_line(tmp_path):
 def test_keep_last_never_deletes_the_checkpoint_just_written(tmp_path):
     root = saved_run(tmp_path, steps=(5, 6))
     # a new history saving step 1 next to higher-numbered ones (older code pruned by name: step_000001 went)
-    checkpoint.save(FakeEngine(), root, 1, {"step": 1}, keep_last=2)
+    save(FakeEngine(), root, 1, {"step": 1}, keep_last=2)
     assert sorted(p.name for p in root.glob("step_*")) == ["step_000001", "step_000005", "step_000006"]
     assert json.loads((root / "latest").read_text()) == {"step": 1, "path": "step_000001"}
 
@@ -118,9 +118,9 @@ def test_fresh_start_moves_earlier_checkpoints_aside(tmp_path, caplog):
     assert f"moved 2 checkpoint(s) this run does not continue (step_000002, step_000003) to {previous}" in caplog.text
     # the restarted run's saves are kept and resumed from
     for step in (1, 2):
-        checkpoint.save(FakeEngine(), root, step, {"step": step}, keep_last=2)
+        save(FakeEngine(), root, step, {"step": step}, keep_last=2)
     assert checkpoint.find_resume_dir("auto", tmp_path / "run") == root / "step_000002"
-    assert checkpoint.load(FakeEngine(), root / "step_000002") == {"step": 2}
+    assert policy(FakeEngine()).load(root / "step_000002") == {"step": 2}
 
 
 def test_resuming_an_earlier_checkpoint_moves_the_later_ones_aside(tmp_path):
@@ -192,29 +192,49 @@ def test_auto_refuses_when_no_checkpoint_verifies(tmp_path):
 
 
 def write_legacy_rng(path: Path) -> None:
-    """An RNG file as tokenpo wrote it before (numpy's key as an ndarray)."""
+    """An RNG file as an earlier tokenpo wrote it (numpy's key as an ndarray), with the manifest recomputed."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     torch.save(state, path)
+    rewrite_record(path.parent, path.name)
 
 
-def test_checkpoint_without_manifest_loads_with_a_warning(tmp_path, caplog):
+def rewrite_record(folder: Path, name: str, **record) -> None:
+    """The manifest record of `folder / name` recomputed (or replaced by `record`): the file verifies again."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    data = (folder / name).read_bytes()
+    manifest[name] = record or {"bytes": len(data), "crc32": f"{zlib.crc32(data):08x}"}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_checkpoints_of_an_earlier_format_are_refused_in_one_line(tmp_path):
     root = saved_run(tmp_path)
     path = root / "step_000002"
-    (path / "manifest.json").unlink()
-    np.random.seed(3)
-    write_legacy_rng(path / "rng_rank0.pt")
-    expected = np.random.rand()
-    with caplog.at_level("WARNING"):
-        assert checkpoint.find_resume_dir("auto", tmp_path / "run") == path
-    assert caplog.messages == [f"checkpoint {path} has no manifest.json (saved before checksums were recorded): "
-                               "loading it unverified"]
-    np.random.seed(4)
-    assert checkpoint.load(FakeEngine(), path) == {"step": 2}
-    assert np.random.rand() == expected
-    # unverified, damage shows when loading: in one line
-    (path / "rng_rank0.pt").write_bytes(b"")
-    with pytest.raises(checkpoint.CheckpointError, match=f"^{path / 'rng_rank0.pt'}: unreadable \\(EOFError: .*\\)$"):
-        checkpoint.load(FakeEngine(), path)
+    other = tmp_path / "other"
+    earlier = {
+        "no manifest": (lambda: (path / "manifest.json").unlink(), "resume",
+                        f"checkpoint {path}: no manifest.json (an incomplete save, or a checkpoint of an earlier "
+                        "tokenpo)"),
+        "sha256 records": (lambda: rewrite_record(path, "tokenpo.json", bytes=1, sha256="00"), "resume",
+                           f"{path / 'manifest.json'}: the record of tokenpo.json has bytes, sha256, not bytes and "
+                           "crc32 (written by an earlier tokenpo: not resumable by this one)"),
+        "no ZeRO stage": (lambda: ((path / "tokenpo.json").write_text('{"step": 2, "world_size": 1}'),
+                                   rewrite_record(path, "tokenpo.json")), "load",
+                          f"{path / 'tokenpo.json'}: no step, world_size and zero_stage (KeyError: 'zero_stage'; "
+                          "written by an earlier tokenpo: not resumable by this one)"),
+        "numpy RNG": (lambda: write_legacy_rng(path / "rng_rank0.pt"), "load",
+                      f"{path / 'rng_rank0.pt'}: holds objects other than tensors and numbers (refused, not run)"),
+    }
+    for name, (make_earlier, when, message) in earlier.items():
+        shutil.rmtree(root)
+        saved_run(tmp_path)
+        make_earlier()
+        with pytest.raises(checkpoint.CheckpointError) as err:
+            resume_dir = checkpoint.find_resume_dir(str(path), other)
+            assert when == "load", name
+            policy().load(resume_dir)
+        assert str(err.value) == message, name
+        if when == "resume":  # auto passes over it to the checkpoint before
+            assert checkpoint.find_resume_dir("auto", tmp_path / "run") == root / "step_000001", name
 
 
 class Payload:
@@ -231,10 +251,7 @@ def tamper_rng(path: Path, marker: Path, *, update_manifest: bool) -> None:
     rng_file = path / "rng_rank0.pt"
     torch.save({"python": random.getstate(), "payload": Payload(marker)}, rng_file)
     if update_manifest:
-        manifest = json.loads((path / "manifest.json").read_text())
-        manifest["rng_rank0.pt"] = {"bytes": rng_file.stat().st_size,
-                                    "sha256": hashlib.sha256(rng_file.read_bytes()).hexdigest()}
-        (path / "manifest.json").write_text(json.dumps(manifest))
+        rewrite_record(path, "rng_rank0.pt")
 
 
 def test_a_tampered_rng_file_is_refused_not_run(tmp_path):
@@ -248,7 +265,7 @@ def test_a_tampered_rng_file_is_refused_not_run(tmp_path):
     # with the manifest recomputed it verifies, and torch.load(weights_only=True) refuses the object
     tamper_rng(path, marker, update_manifest=True)
     with pytest.raises(checkpoint.CheckpointError) as err:
-        checkpoint.load(FakeEngine(), checkpoint.find_resume_dir(str(path), tmp_path / "other"))
+        policy(FakeEngine()).load(checkpoint.find_resume_dir(str(path), tmp_path / "other"))
     assert str(err.value) == f"{path / 'rng_rank0.pt'}: holds objects other than tensors and numbers (refused, not run)"
     assert not marker.exists()
 
@@ -265,10 +282,11 @@ def test_quick_lookup_checks_sizes_without_hashing_or_logging(tmp_path, caplog):
 
 
 def test_resume_check_covers_full_fine_tuning_both_ways(tmp_path):
-    (tmp_path / checkpoint.META).write_text(json.dumps({"step": 1}))  # written before LoRA existed
+    full = {"step": 1, "world_size": 1, "zero_stage": 2}  # a full fine-tuning checkpoint records no lora key
+    (tmp_path / checkpoint.META).write_text(json.dumps(full))
     checkpoint.check_lora(tmp_path, None)
     with pytest.raises(ConfigError, match="was trained with full fine-tuning: resume it with model.lora.rank=0"):
         checkpoint.check_lora(tmp_path, {"rank": 2})
-    (tmp_path / checkpoint.META).write_text(json.dumps({"step": 1, "lora": {"rank": 2}}))
+    (tmp_path / checkpoint.META).write_text(json.dumps(full | {"lora": {"rank": 2}}))
     with pytest.raises(ConfigError, match="was trained with LoRA rank 2: resume it with model.lora.rank=2"):
         checkpoint.check_lora(tmp_path, None)

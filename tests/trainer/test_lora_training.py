@@ -19,7 +19,7 @@ from support.runs import in_process_training, train_run
 from tokenpo.deepspeed import engine
 from tokenpo.errors import ConfigError
 from tokenpo.models.lora import peft_quietly
-from tokenpo.trainer import checkpoint, loop
+from tokenpo.trainer import policy
 
 # four tiny runs: ~25 s on an idle 2-core machine
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ def runs(tmp_path_factory) -> Path:
     """A: 3 uninterrupted steps; B: 2 steps saving each, then resumed to 3; C: B's checkpoint resumed at rank 8."""
     out = tmp_path_factory.mktemp("lora")
     patch = pytest.MonkeyPatch()
-    patch.setattr(loop, "build_reference", no_reference_copy)
+    patch.setattr(policy, "build_reference", no_reference_copy)
     patch.setattr(engine, "build_reference", no_reference_copy)
     try:
         with in_process_training():

@@ -14,9 +14,11 @@ from support.runs import fixed_rollouts
 from tokenpo.models.loading import load_model
 from tokenpo.plan.memory import with_values
 from tokenpo.rewards import CORRECT, WRONG
-from tokenpo.trainer import update, worst_case
+from tokenpo.trainer import worst_case
 from tokenpo.trainer.batch import MicroBatch, group_micro_batches
-from tokenpo.trainer.context import RunContext, Timings
+from tokenpo.trainer.policy import Policy, PolicySettings
+from tokenpo.trainer.step import StepSettings, update_policy
+from tokenpo.trainer.timings import Timings
 
 ALGORITHMS = ("grpo", "dapo", "tepo", "gtpo", "grpo_s", "dr_grpo", "gspo")
 GROUPS, GROUP_SIZE, MAX_NEW = 4, 4, 8
@@ -67,18 +69,27 @@ class RecordingEngine:
         return [LR]
 
 
-def recorded_rows(monkeypatch, *modules) -> tuple[list[int], list[int]]:
-    """(rows of each pass with grad, rows of each pass without), recorded from the `group_forward` of `modules`."""
+def recorded_rows(monkeypatch) -> tuple[list[int], list[int]]:
+    """(rows of each pass with grad, rows of each pass without), recorded from the Policy's forward passes."""
     with_grad, without = [], []
-    group_forward = update.group_forward
+    logprobs, reference_logprobs = Policy.logprobs, Policy.reference_logprobs
 
-    def spy(ctx, model, rollouts, micro: MicroBatch, **kwargs):
-        (with_grad if torch.is_grad_enabled() else without).append(len(micro.rows))
-        return group_forward(ctx, model, rollouts, micro, **kwargs)
+    def spy(policy, tokens, rows_per_prompt, *, grad, **kwargs):
+        (with_grad if grad else without).append(tokens.response_ids.shape[0])
+        return logprobs(policy, tokens, rows_per_prompt, grad=grad, **kwargs)
 
-    for module in modules:
-        monkeypatch.setattr(module, "group_forward", spy)
+    def reference_spy(policy, tokens, rows_per_prompt):
+        without.append(tokens.response_ids.shape[0])
+        return reference_logprobs(policy, tokens, rows_per_prompt)
+
+    monkeypatch.setattr(Policy, "logprobs", spy)
+    monkeypatch.setattr(Policy, "reference_logprobs", reference_spy)
     return with_grad, without
+
+
+def recording_policy(cfg, engine: RecordingEngine, reference) -> Policy:
+    """The Policy over the recording engine (no optimizer: the engine's step takes the SGD step)."""
+    return Policy(engine, None, reference, torch.device("cpu"), PolicySettings.from_config(cfg))
 
 
 def algorithm_setup(algorithm: str):
@@ -91,16 +102,15 @@ def algorithm_setup(algorithm: str):
     return cfg, tokenizer, model, reference
 
 
-def one_update(tmp_path, monkeypatch, setup, micro_batch_size: int):
+def one_update(monkeypatch, setup, micro_batch_size: int):
     """(recorded gradients of the step's two updates, rows of each pass with grad, rows of each pass without)."""
     cfg, tokenizer, model, reference = setup
     cfg = with_values(cfg, trainer__micro_batch_size=micro_batch_size)
-    policy = RecordingEngine(copy.deepcopy(model))
-    ctx = RunContext.create(cfg, tmp_path, tokenizer, policy, reference, None, None, torch.device("cpu"),
-                            rollout_engine=object())
-    with_grad, without = recorded_rows(monkeypatch, update)
-    update.train_on_rollouts(ctx, fixed_rollouts(len(tokenizer), VERDICTS, MAX_NEW, 4321), Timings())
-    return policy.gradients, with_grad, without
+    engine = RecordingEngine(copy.deepcopy(model))
+    with_grad, without = recorded_rows(monkeypatch)
+    update_policy(StepSettings.from_config(cfg, tokenizer.pad_token_id), recording_policy(cfg, engine, reference),
+                  fixed_rollouts(len(tokenizer), VERDICTS, MAX_NEW, 4321), Timings())
+    return engine.gradients, with_grad, without
 
 
 def test_rows_of_a_group_split_into_slices_the_last_one_shorter():
@@ -113,12 +123,12 @@ def test_rows_of_a_group_split_into_slices_the_last_one_shorter():
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_micro_batches_below_a_group_give_the_whole_group_update(tmp_path, monkeypatch, algorithm):
+def test_micro_batches_below_a_group_give_the_whole_group_update(monkeypatch, algorithm):
     setup = algorithm_setup(algorithm)
-    whole, whole_rows, _ = one_update(tmp_path, monkeypatch, setup, GROUP_SIZE)
+    whole, whole_rows, _ = one_update(monkeypatch, setup, GROUP_SIZE)
     assert whole_rows == [GROUP_SIZE] * GROUPS  # 2 mini-batches of 2 groups, one group per pass
     for micro_batch_size, rows in ((1, [1] * GROUP_SIZE), (3, [3, 1])):
-        gradients, with_grad, without = one_update(tmp_path, monkeypatch, setup, micro_batch_size)
+        gradients, with_grad, without = one_update(monkeypatch, setup, micro_batch_size)
         assert with_grad == rows * GROUPS
         # the old-policy / reference passes (when the algorithm runs them) use the same slices
         assert without == rows * GROUPS * (len(without) // (len(rows) * GROUPS)), without
@@ -130,15 +140,14 @@ def test_micro_batches_below_a_group_give_the_whole_group_update(tmp_path, monke
                 torch.testing.assert_close(got[name], want[name], atol=ATOL, rtol=RTOL, msg=f"{algorithm}: {name}")
 
 
-def test_the_worst_case_pass_trains_the_largest_slice_of_a_group(tmp_path, monkeypatch):
+def test_the_worst_case_pass_trains_the_largest_slice_of_a_group(monkeypatch):
     """Before step 1 (tokenpo.trainer.worst_case): the no-grad passes in the run's slices, the pass with grad on the
     largest one (3 of a group's 4 rows), not the whole group."""
     cfg, tokenizer, model, reference = algorithm_setup("gtpo")
     cfg = with_values(cfg, trainer__micro_batch_size=3)
-    ctx = RunContext.create(cfg, tmp_path, tokenizer, RecordingEngine(model), reference, None, None,
-                            torch.device("cpu"), rollout_engine=object())
-    with_grad, without = recorded_rows(monkeypatch, update, worst_case)
-    examples = fixed_rollouts(len(tokenizer), VERDICTS, MAX_NEW, 4321).examples
-    shapes = worst_case.run_worst_case(ctx, examples)
+    policy = recording_policy(cfg, RecordingEngine(model), reference)
+    with_grad, without = recorded_rows(monkeypatch)
+    prompt_ids = fixed_rollouts(len(tokenizer), VERDICTS, MAX_NEW, 4321).prompt_ids
+    shapes = worst_case.run_worst_case(cfg, StepSettings.from_config(cfg, tokenizer.pad_token_id), policy, prompt_ids)
     assert (shapes.micro_rows, shapes.micro_groups) == (3, 1)
     assert with_grad == [3] and without == [3, 1]  # one prompt's 4 rows: old log-probs and entropy in 3 + 1

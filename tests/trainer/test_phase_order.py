@@ -16,7 +16,7 @@ from support.config import SMALL
 from support.runs import in_process_training, train_run
 from tokenpo.rollout.engine import ENGINES
 from tokenpo.rollout.hf import HFEngine
-from tokenpo.trainer import loop
+from tokenpo.trainer import evals, loop, step
 
 # the trainer's phases (recorded around the loop's own functions) and the engine's calls, in the order they ran
 EXPECTED = [
@@ -59,9 +59,9 @@ def calls(monkeypatch) -> list[str]:
     monkeypatch.setitem(ENGINES._traits, "recording", {})
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: recorded.append("empty_cache"))
     monkeypatch.setattr(loop, "run_worst_case", recorded_call("worst_case", loop.run_worst_case))
-    monkeypatch.setattr(loop, "collect_rollouts", recorded_call("rollouts", loop.collect_rollouts))
-    monkeypatch.setattr(loop, "train_on_rollouts", recorded_call("update", loop.train_on_rollouts))
-    monkeypatch.setattr(loop, "eval_benchmark", recorded_call("evaluate", loop.eval_benchmark))
+    monkeypatch.setattr(step, "collect_rollouts", recorded_call("rollouts", step.collect_rollouts))
+    monkeypatch.setattr(step, "update_policy", recorded_call("update", step.update_policy))
+    monkeypatch.setattr(evals.Evaluator, "__call__", recorded_call("evaluate", evals.Evaluator.__call__))
     return recorded
 
 

@@ -30,7 +30,8 @@ from support.env import cli_env
 from support.metrics import by_step, deterministic, read_metrics
 from support.runs import in_process_training, train_run, wait_for_step
 import tokenpo.train
-from tokenpo.trainer import launch, loop
+from tokenpo.trainer import launch
+from tokenpo.trainer import step as trainer_step
 
 PY = sys.executable
 RUN = SMALL + ["trainer.max_steps=4"]
@@ -83,7 +84,7 @@ def runs(tmp_path_factory):
     step 1 (stopped there, then handed over), then resumed with trainer.resume=auto to step 4."""
     out = tmp_path_factory.mktemp("preempted")
     saved = {sig: signal.getsignal(sig) for sig in launch.STOP_SIGNALS}
-    update = loop.train_on_rollouts
+    update = trainer_step.update_policy
     calls = []
 
     def update_signalled_at_step_1(*args):
@@ -97,11 +98,11 @@ def runs(tmp_path_factory):
             train_run(out / "A", RUN)
             env = install_submitit_handler(out)
             submitit_handler = signal.getsignal(signal.SIGUSR2)
-            loop.train_on_rollouts = update_signalled_at_step_1
+            trainer_step.update_policy = update_signalled_at_step_1
             try:
                 stopped = train_run(out / "B", RUN)
             finally:
-                loop.train_on_rollouts = update
+                trainer_step.update_policy = update
             restored = signal.getsignal(signal.SIGUSR2) == submitit_handler
             with pytest.raises(launch.Requeued) as requeued:
                 launch.hand_over_stop(stopped["signal"], rank0=True)

@@ -6,13 +6,15 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
-from support.rollouts import G, NUM_EXAMPLES, ScriptedContext
+from support.rollouts import G, NUM_EXAMPLES, Scripted
 from tokenpo.errors import ConfigError
 from tokenpo.rewards import CORRECT, WRONG
-from tokenpo.trainer.rollouts import collect_rollouts, dynamic_sampling_metrics
+from tokenpo.trainer import step as trainer_step
+from tokenpo.trainer.rollouts import RolloutSource, StepRollouts, dynamic_sampling_metrics
 
 
 def metrics(batch) -> dict[str, float]:
@@ -22,12 +24,12 @@ def metrics(batch) -> dict[str, float]:
 def test_rounds_draw_oversample_times_the_batch_and_keep_the_first_mixed_groups():
     # 4 prompts a step x 1.5 = 6 a round; round 1 finds 3 mixed groups, round 2 two more: the first 4 in draw
     # order make the batch, the 5th is dropped
-    ctx = ScriptedContext("MWMRIM" + "WMMWWW", prompts_per_step=4, oversample=1.5, max_gen_batches=5)
-    batch = collect_rollouts(ctx, step=3)
-    assert [ex.uid for ex in batch.examples] == ctx.uids([0, 2, 5, 7])
+    run = Scripted("MWMRIM" + "WMMWWW", prompts_per_step=4, oversample=1.5, max_gen_batches=5)
+    batch = run.collect(step=3)
+    assert [ex.uid for ex in batch.examples] == run.uids([0, 2, 5, 7])
     assert batch.verdicts == [CORRECT, WRONG] * 4 and len(batch.response_ids) == 8
-    assert ctx.rounds_drawn == [0, 1]
-    assert ctx.sampler.state_dict()["position"] == 12  # both rounds' prompts consumed: a resume continues after
+    assert run.engine.calls == 2  # two rounds drawn
+    assert run.sampler.state_dict()["position"] == 12  # both rounds' prompts consumed: a resume continues after
     assert metrics(batch) == {
         "dynamic_sampling/rounds": 2.0, "dynamic_sampling/prompts": 12.0, "dynamic_sampling/mixed_groups": 5.0,
         "dynamic_sampling/filled_groups": 0.0, "dynamic_sampling/dropped_groups": 1.0,
@@ -40,9 +42,9 @@ SHORT = "MWWRWW" + "WMRMWI"
 
 
 def test_exhausted_rounds_raise_one_line_naming_the_keys_and_counts():
-    ctx = ScriptedContext(SHORT, prompts_per_step=4, oversample=1.5, max_gen_batches=2, on_exhausted="error")
+    run = Scripted(SHORT, prompts_per_step=4, oversample=1.5, max_gen_batches=2, on_exhausted="error")
     with pytest.raises(ConfigError) as err:
-        collect_rollouts(ctx, step=7)
+        run.collect(step=7)
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("algorithm.dynamic_sampling: step 7 found 3 mixed groups of the 4 "
@@ -51,10 +53,10 @@ def test_exhausted_rounds_raise_one_line_naming_the_keys_and_counts():
 
 
 def test_exhausted_rounds_fill_with_the_first_dropped_groups():
-    ctx = ScriptedContext(SHORT, prompts_per_step=4, oversample=1.5, max_gen_batches=2, on_exhausted="fill")
-    batch = collect_rollouts(ctx, step=1)
+    run = Scripted(SHORT, prompts_per_step=4, oversample=1.5, max_gen_batches=2, on_exhausted="fill")
+    batch = run.collect(step=1)
     # the 3 mixed groups, then the first group the filter dropped (position 1, all wrong)
-    assert [ex.uid for ex in batch.examples] == ctx.uids([0, 7, 9, 1])
+    assert [ex.uid for ex in batch.examples] == run.uids([0, 7, 9, 1])
     assert batch.verdicts[-2:] == [WRONG, WRONG]
     assert metrics(batch) == {
         "dynamic_sampling/rounds": 2.0, "dynamic_sampling/prompts": 12.0, "dynamic_sampling/mixed_groups": 3.0,
@@ -65,10 +67,10 @@ def test_exhausted_rounds_fill_with_the_first_dropped_groups():
 
 @pytest.mark.parametrize("mini_batches, kept", [(1, [0, 7, 9]), (2, [0, 7]), (4, [])])
 def test_exhausted_rounds_keep_the_mixed_groups_that_split_over_the_mini_batches(mini_batches, kept):
-    ctx = ScriptedContext(SHORT, prompts_per_step=4, mini_batches=mini_batches, oversample=1.5, max_gen_batches=2,
+    run = Scripted(SHORT, prompts_per_step=4, mini_batches=mini_batches, oversample=1.5, max_gen_batches=2,
                           on_exhausted="keep_partial")
-    batch = collect_rollouts(ctx, step=1)
-    assert [ex.uid for ex in batch.examples] == ctx.uids(kept)
+    batch = run.collect(step=1)
+    assert [ex.uid for ex in batch.examples] == run.uids(kept)
     assert len(batch.response_ids) == G * len(kept)
     logged = metrics(batch)
     assert (logged["dynamic_sampling/batch_groups"], logged["dynamic_sampling/dropped_groups"]) == (
@@ -77,25 +79,23 @@ def test_exhausted_rounds_keep_the_mixed_groups_that_split_over_the_mini_batches
 
 
 def test_round_size_is_rounded_up_to_a_multiple_of_the_processes(monkeypatch):
-    from tokenpo.trainer import rollouts
-
-    monkeypatch.setattr(rollouts.dist, "world_size", lambda: 4)
+    monkeypatch.setattr(trainer_step.dist, "world_size", lambda: 4)
     # generate_and_score with 4 ranks would gather over a process group; this checks only the draw
-    monkeypatch.setattr(rollouts, "generate_and_score", lambda ctx, examples, params, generator: drawn.append(
-        len(examples)) or rollouts.StepRollouts())
+    monkeypatch.setattr(RolloutSource, "generate_and_score", lambda source, examples, generator, timings: drawn.append(
+        len(examples)) or StepRollouts())
     drawn: list[int] = []
-    ctx = ScriptedContext("W" * NUM_EXAMPLES, prompts_per_step=4, oversample=1.5, max_gen_batches=3,
+    run = Scripted("W" * NUM_EXAMPLES, prompts_per_step=4, oversample=1.5, max_gen_batches=3,
                           on_exhausted="keep_partial")
-    collect_rollouts(ctx, step=1)
+    run.collect(step=1)
     assert drawn == [8, 8, 8]  # ceil(1.5 x 4) = 6 -> 8 for 4 processes
 
 
 def test_without_dynamic_sampling_one_round_of_the_batch_is_kept_as_drawn():
-    ctx = ScriptedContext("RWMW" + "M" * 10, prompts_per_step=4, oversample=3.0)
-    ctx.cfg.algorithm.dynamic_sampling.enabled = False
-    batch = collect_rollouts(ctx, step=1)
-    assert [ex.uid for ex in batch.examples] == ctx.uids([0, 1, 2, 3])
-    assert ctx.sampler.state_dict()["position"] == 4
+    run = Scripted("RWMW" + "M" * 10, prompts_per_step=4, oversample=3.0)
+    run.sampling = replace(run.sampling, enabled=False)
+    batch = run.collect(step=1)
+    assert [ex.uid for ex in batch.examples] == run.uids([0, 1, 2, 3])
+    assert run.sampler.state_dict()["position"] == 4
     assert metrics(batch) == {
         "dynamic_sampling/rounds": 1.0, "dynamic_sampling/prompts": 4.0, "dynamic_sampling/mixed_groups": 4.0,
         "dynamic_sampling/filled_groups": 0.0, "dynamic_sampling/dropped_groups": 0.0,

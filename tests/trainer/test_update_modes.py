@@ -9,19 +9,19 @@ import pytest
 
 from support.config import SMALL
 from support.runs import in_process_training, train_run
-from tokenpo.trainer import update
+from tokenpo.trainer import policy
 
 
 @pytest.mark.e2e
 def test_old_and_reference_log_probs_without_dropout_the_update_with_it(tmp_path, monkeypatch):
     passes = []  # (grad enabled, module in train mode) per forward of the step
-    group_forward = update.group_forward
+    forward_in_engine = policy.forward_in_engine
 
-    def spy(ctx, model, *args, **kwargs):
+    def spy(model, *args, **kwargs):
         passes.append((torch.is_grad_enabled(), getattr(model, "module", model).training))
-        return group_forward(ctx, model, *args, **kwargs)
+        return forward_in_engine(model, *args, **kwargs)
 
-    monkeypatch.setattr(update, "group_forward", spy)
+    monkeypatch.setattr(policy, "forward_in_engine", spy)
     with in_process_training():
         train_run(tmp_path / "run", SMALL + ["model.lora.rank=2", "model.lora.dropout=0.5", "trainer.mini_batches=2",
                                              "trainer.max_steps=2", "eval.before_training=false",

@@ -14,7 +14,9 @@ from support.config import SMALL
 from support.metrics import by_step, deterministic, read_metrics
 from support.runs import in_process_training, train_run
 from tokenpo.errors import ConfigError
-from tokenpo.trainer import checkpoint, loop, worst_case
+from tokenpo.trainer import checkpoint
+from tokenpo.trainer import step as trainer_step
+from tokenpo.trainer.policy import Policy
 
 # every pass the check repeats: old log-probs (2 mini-batches), the KL reference (GRPO's beta), the entropy's
 # gradient; ZeRO-2 accumulates the zero gradients the check leaves in its own partitions
@@ -45,23 +47,23 @@ def runs(tmp_path_factory) -> dict:
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-    real = loop.train_on_rollouts
+    real = trainer_step.update_policy
     calls = []
 
-    def second_step_runs_out(ctx, rollouts, timings):
+    def second_step_runs_out(*args):
         calls.append(1)
         if len(calls) == 2:
             out_of_memory()
-        return real(ctx, rollouts, timings)
+        return real(*args)
 
     try:
         with in_process_training():
             train_run(out / "off", [*PASSES, "trainer.max_steps=2", "trainer.worst_case_first=false"])
             train_run(out / "on", [*PASSES, "trainer.max_steps=2", "trainer.worst_case_first=true"])
             in_check = failing_run(out / "check", [*SMALL, "trainer.max_steps=2", "trainer.worst_case_first=true"],
-                                   worst_case, "group_forward", out_of_memory)
+                                   Policy, "logprobs", out_of_memory)
             at_step = failing_run(out / "later", [*SMALL, "trainer.max_steps=3", "trainer.save_every=1"],
-                                  loop, "train_on_rollouts", second_step_runs_out)
+                                  trainer_step, "update_policy", second_step_runs_out)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)

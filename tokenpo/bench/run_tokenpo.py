@@ -1,8 +1,9 @@
 """Time tokenpo's RL steps through the real trainer: tokenpo.trainer.loop.train on a composed config.
 
 The phases come from the trainer's own metrics.jsonl (timing/*_s). The update is split further by timing
-the DeepSpeed engine's backward() and step() from outside: the trainer module's references to
-`build_policy_engine` and `train_on_rollouts` are wrapped for the duration of the run, nothing is edited.
+the DeepSpeed engine's backward() and step() from outside: the trainer modules' references to
+`build_policy_engine` (tokenpo.trainer.policy), `collect_rollouts` and `update_policy` (tokenpo.trainer.step) are
+wrapped for the duration of the run, nothing is edited.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ def timed(fn, totals: dict, key: str):
 def instrumented_trainer(per_step: list[dict], shape: dict):
     """Within: each step appends its backward/optimizer seconds, the process's CPU seconds (all threads; on a
     busy machine the steadier measure at one thread) and token counts to `per_step`."""
-    from tokenpo.trainer import loop
+    from tokenpo.trainer import policy, step
 
-    build_engine, collect, train_step = loop.build_policy_engine, loop.collect_rollouts, loop.train_on_rollouts
+    build_engine, collect, update = policy.build_policy_engine, step.collect_rollouts, step.update_policy
     totals = {"backward": 0.0, "optimizer": 0.0}
     cpu_start = {}
 
@@ -50,39 +51,40 @@ def instrumented_trainer(per_step: list[dict], shape: dict):
         engine.step = timed(engine.step, totals, "optimizer")
         return engine
 
-    def collect_rollouts(ctx, step):
+    def collect_rollouts(*args, **kwargs):
         cpu_start["step"] = time.process_time()
-        return collect(ctx, step)
+        return collect(*args, **kwargs)
 
-    def train_on_rollouts(ctx, rollouts, timings):
+    def update_policy(run, trained, rollouts, timings):
         totals.update(backward=0.0, optimizer=0.0)
-        metrics = train_step(ctx, rollouts, timings)
+        metrics = update(run, trained, rollouts, timings)
         per_step.append({**totals, "step_cpu_s": time.process_time() - cpu_start["step"],
                          "completion_tokens": sum(len(r) for r in rollouts.response_ids),
                          "prompt_tokens": sum(len(p) for p in rollouts.prompt_ids)})
         return metrics
 
-    patched = {"build_policy_engine": build_policy_engine, "collect_rollouts": collect_rollouts,
-               "train_on_rollouts": train_on_rollouts}
-    originals = {name: getattr(loop, name) for name in patched}
-    for name, fn in patched.items():
-        setattr(loop, name, fn)
+    patched = {(policy, "build_policy_engine"): build_policy_engine, (step, "collect_rollouts"): collect_rollouts,
+               (step, "update_policy"): update_policy}
+    originals = {(module, name): getattr(module, name) for module, name in patched}
+    for (module, name), fn in patched.items():
+        setattr(module, name, fn)
     try:
         yield
     finally:
-        for name, fn in originals.items():
-            setattr(loop, name, fn)
+        for (module, name), fn in originals.items():
+            setattr(module, name, fn)
 
 
 def run_tokenpo(s: BenchSettings) -> dict:
     """{"steps": [per-step seconds and token counts], "shape": model shape} of `s.steps` tokenpo steps."""
+    from tokenpo.trainer.identity import RunIdentity
     from tokenpo.trainer.loop import train
 
     cfg, resolved = train_config(s)
     extra, shape = [], {}
     with tempfile.TemporaryDirectory(prefix="tokenpo-bench-") as run_dir:
         with instrumented_trainer(extra, shape):
-            train(cfg, Path(run_dir), "bench", "bench", resolved)
+            train(cfg, RunIdentity(Path(run_dir), "bench", "bench", resolved))
         lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     steps = []

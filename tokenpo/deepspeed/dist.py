@@ -104,6 +104,24 @@ def all_gather_objects(obj) -> list:
     return out
 
 
+def all_gather_rows(rows: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's 2-D tensor `rows` ([n_r, w_r], any n_r and w_r), in rank order, through tensor all_gathers instead
+    of pickling: the shapes first, then each rank's tensor zero-padded to the largest n and w, cut back after. Under
+    NCCL the collective runs on this rank's device (NCCL gathers no CPU tensors); the result is on `rows`' device."""
+    if world_size() == 1:
+        return [rows]
+    on = device() if dist.get_backend() == "nccl" else torch.device("cpu")
+    shape = torch.tensor(rows.shape, dtype=torch.long, device=on)
+    shapes = [torch.empty_like(shape) for _ in range(world_size())]
+    dist.all_gather(shapes, shape)
+    sizes = [(int(s[0]), int(s[1])) for s in shapes]
+    padded = torch.zeros(max(n for n, _ in sizes), max(w for _, w in sizes), dtype=rows.dtype, device=on)
+    padded[: rows.shape[0], : rows.shape[1]] = rows
+    parts = [torch.empty_like(padded) for _ in range(world_size())]
+    dist.all_gather(parts, padded)
+    return [part[:n, :w].to(rows.device) for part, (n, w) in zip(parts, sizes)]
+
+
 def broadcast_object(obj):
     """Rank 0's `obj` on every rank."""
     if world_size() == 1:

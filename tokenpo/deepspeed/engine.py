@@ -1,4 +1,13 @@
-"""Wrap the policy (and, for ZeRO-3, the reference model) in DeepSpeed engines."""
+"""Wrap the policy (and, for ZeRO-3, the reference model) in DeepSpeed engines.
+
+The DeepSpeed internals patched or read here are these, each for a reason its comment gives, each checked against the
+installed DeepSpeed by tests/deepspeed/test_internals.py (which fails when DeepSpeed renames or changes one, and when
+DeepSpeed starts doing itself what a patch does): `DeepSpeedEngine.clip_fp32_gradients` (_record_grad_norm),
+`DeepSpeedEngine.module_state_dict` (_frozen_left_out_of_checkpoints), the `enable_backward_allreduce` flag
+(build_policy_engine), `DeepSpeedEngine.forward` calling `self.module(...)` (forward_in_engine) and the parameters'
+`ds_active_sub_modules` (gathered_for_generation). All hold in DeepSpeed 0.19.5 to 0.19.8 (read in their sources),
+the range tokenpo.versions accepts (>=0.19.5,<0.20).
+"""
 
 from __future__ import annotations
 
@@ -28,13 +37,16 @@ def build_policy_engine(model, optimizer: torch.optim.Optimizer, ds: DeepSpeedCo
         if world_size == 1:
             # one process has nothing to reduce, but stage 0 would still flatten every gradient into a buffer and
             # copy it back (0.5 s a step for 135M parameters on CPU, docs/performance.md); ZeRO 1-3 keep the
-            # path, their optimizers do their gradient bookkeeping in it
+            # path, their optimizers do their gradient bookkeeping in it. No config key says it: DeepSpeed sets
+            # this engine attribute itself only without a process group, and its backward and step read it
             engine.enable_backward_allreduce = False
     return engine
 
 
 def _record_grad_norm(engine) -> None:
-    """Without ZeRO, DeepSpeed clips fp32 gradients but drops the norm; keep it for `grad_norm`."""
+    """Without ZeRO (and in fp32), DeepSpeed's step clips the gradients in `clip_fp32_gradients` but drops the norm it
+    computes there, so `get_global_grad_norm()` is None; the instance's method stands in for it, the same clipping
+    with the norm kept for `grad_norm` (no public call gives that norm after the step has zeroed the gradients)."""
 
     def clip_and_record():
         engine._global_grad_norm = float(clip_grad_norm_(parameters=engine.module.parameters(),
@@ -44,9 +56,11 @@ def _record_grad_norm(engine) -> None:
 
 
 def _frozen_left_out_of_checkpoints(engine) -> None:
-    """`save_checkpoint(exclude_frozen_parameters=True)` (LoRA runs) leaves out every frozen tensor. DeepSpeed drops
-    frozen parameters by their first name only, so a frozen tensor under a second name stayed in the checkpoint: the
-    output layer tied to the embeddings, a vocabulary-sized matrix."""
+    """`save_checkpoint(exclude_frozen_parameters=True)` (a policy with a frozen base) leaves out every frozen tensor.
+    DeepSpeed's `module_state_dict` drops frozen parameters by their first name only (`named_parameters()` lists a
+    shared tensor once), so a frozen tensor under a second name stayed in the checkpoint: the output layer tied to the
+    embeddings, a vocabulary-sized matrix. `save_checkpoint` reads the state through the engine's attribute, which
+    the instance's method replaces."""
     module_state_dict = engine.module_state_dict
 
     def trainable_only(*args, exclude_frozen_parameters: bool = False, **kwargs):
@@ -67,7 +81,8 @@ def forward_in_engine(model, fn, *args, **kwargs):
     logits never exist for all tokens at once) instead of the model's forward. DeepSpeed keeps per-micro-batch
     state in `DeepSpeedEngine.forward` and the hooks it puts on the module and on the outputs: ZeRO's backward
     bookkeeping and, under ZeRO-3, the micro-step counter without which a micro-batch's gradients overwrite
-    the previous ones instead of adding up. So `fn` stands in for the module's forward for one call.
+    the previous ones instead of adding up. DeepSpeed has no call for "run this function as the forward", so `fn`
+    stands in for the module's forward for one call: `DeepSpeedEngine.forward` calls `self.module(...)`.
     """
     if not isinstance(model, deepspeed.DeepSpeedEngine):
         return fn(model, *args, **kwargs)
@@ -153,20 +168,20 @@ def gathered_for_generation(engine, ds: DeepSpeedConfig):
     """Under ZeRO-3, gather the policy's full parameters once for a whole generation call.
 
     ZeRO-3's per-module hooks would otherwise release each layer after its forward and gather it again at every
-    decoded token; they are lifted while the parameters are gathered and put back afterwards. The full model
-    must fit on one device for the duration (the parameters are re-partitioned on exit).
+    decoded token; DeepSpeed's `unwrap_model_for_generation` gathers the parameters and lifts the hooks for the body,
+    and puts the hooks back after (tests/deepspeed/test_internals.py); not after an error inside, which ends the run
+    (tokenpo.trainer.worst_case.out_of_memory_reported re-raises). The full model must fit on one device for the
+    duration (the parameters are re-partitioned on exit).
     """
     if ds.stage != 3:
         yield
         return
-    offload = engine.optimizer.parameter_offload
-    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+    from deepspeed.runtime.zero import unwrap_model_for_generation
+
+    with unwrap_model_for_generation(engine):
+        # DeepSpeed refuses to re-partition a parameter that a module left marked in use (ds_active_sub_modules: "Cannot
+        # free a ZeRO-3 parameter while it is still active in submodules") when the gather ends; with the hooks lifted
+        # no module releases it, so the marks go (as TRL's remove_hooks does, huggingface/trl#1617)
         for param in engine.module.parameters():
             param.ds_active_sub_modules.clear()
-        for hook in offload.forward_hooks + offload.backward_hooks:
-            hook.remove()
-        offload.forward_hooks, offload.backward_hooks = [], []
-        try:
-            yield
-        finally:
-            offload._register_deepspeed_module(offload.module)
+        yield

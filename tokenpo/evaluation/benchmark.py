@@ -25,6 +25,11 @@ class Benchmark:
     config: EvalConfig
     examples: list[Example]
     data: DataConfig
+    main: bool = True  # the run's `eval` benchmark (not an eval.extra one): its accuracy is the run's eval/accuracy
+
+    @property
+    def name(self) -> str:
+        return self.config.name
 
 
 def load_benchmark(eval_cfg: EvalConfig, data_cfg: DataConfig, seed: int, tokenizer,

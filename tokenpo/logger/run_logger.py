@@ -7,9 +7,13 @@ import logging
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.logger.wandb_files import offline_steps
+
+if TYPE_CHECKING:
+    from tokenpo.trainer.identity import RunIdentity
 
 log = logging.getLogger("tokenpo")
 
@@ -52,8 +56,11 @@ def read_rows(path: Path) -> list[dict]:
 
 
 class RunLogger:
-    def __init__(self, cfg: LoggerConfig, run_dir: Path, *, enabled: bool, run_name: str, group: str,
-                 config: dict, resume_id: str | None = None):
+    """The run's metrics and sample tables, for `identity` (its run dir, names and config); `enabled` on rank 0;
+    `resume_id`: the W&B run a resumed run continues."""
+
+    def __init__(self, cfg: LoggerConfig, identity: RunIdentity, *, enabled: bool, resume_id: str | None = None):
+        run_dir = identity.run_dir
         self.cfg = cfg
         self.enabled = enabled
         self.path = run_dir / "metrics.jsonl"
@@ -66,9 +73,9 @@ class RunLogger:
             import wandb
 
             self.wandb_run = wandb.init(
-                project=cfg.project, entity=cfg.entity, group=cfg.group or group, name=cfg.name or run_name,
-                tags=list(cfg.tags), config=config, dir=str(run_dir), mode=mode,
-                id=resume_id, resume="allow" if resume_id else None,
+                project=cfg.project, entity=cfg.entity, group=cfg.group or identity.group,
+                name=cfg.name or identity.name, tags=list(cfg.tags), config=identity.config, dir=str(run_dir),
+                mode=mode, id=resume_id, resume="allow" if resume_id else None,
             )
             if resume_id:
                 self.relog_missing(self.wandb_held_steps(run_dir, mode))

@@ -4,7 +4,10 @@ With `model.lora.rank` >= 1 the loaded model is wrapped in a PEFT model before D
 adapters (and `modules_to_save`) require grad, so only they get gradients and AdamW states. The frozen base with
 its adapters switched off (`adapters_disabled`) is the initial policy (every allowed init starts with B = 0), so the
 KL reference costs no second copy of the weights. `merged_state_dict` turns the adapted model's state into the plain
-model's, W + (alpha / r) B A per adapted module, as new tensors: the live training weights are never changed.
+model's, W + (alpha / r) B A per adapted module, as new tensors: the live training weights are never changed;
+`merged_layer_weights` and `streamed_instead` do the same layer by layer for the weight sync to a rollout engine
+(tokenpo.rollout.weight_stream), which thus needs no LoRA support and runs the adapted model at the base model's speed
+(verl and OpenRLHF sync LoRA policies to vLLM the same way).
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ from __future__ import annotations
 import contextlib
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
+from peft.tuners.lora import Embedding, Linear, LoraLayer
+from peft.utils import AuxiliaryTrainingWrapper, ModulesToSaveWrapper
 
 from tokenpo.errors import ConfigError
 from tokenpo.models.config import ALL_LINEAR, LORA_INITS, LoraConfig, ModelConfig
@@ -32,6 +38,12 @@ ORIGINAL = ".original_module."
 
 def is_lora(model) -> bool:
     return isinstance(model, PeftModel)
+
+
+def base_model(module: torch.nn.Module) -> torch.nn.Module:
+    """The model a PEFT wrapper holds (its LoRA layers in place), whose parameter names are the base model's;
+    any other module as it is."""
+    return module.get_base_model() if is_lora(module) else module
 
 
 def module_names(model: torch.nn.Module) -> list[str]:
@@ -127,6 +139,52 @@ def merged_weight(base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor
     return (base.float() + scaling * delta).to(base.dtype)
 
 
+def merged_layer_weights(layer: torch.nn.Module, prefix: str, gathered: Callable[[list], contextlib.AbstractContextManager],
+                         owned: Callable[[torch.Tensor], torch.Tensor]) -> list[tuple[str, torch.Tensor]] | None:
+    """A LoRA layer's base parameters with its active adapters merged in, as `prefix.weight` (and `.bias`); None for
+    any other module. `gathered(params)`: a context in which `params` hold their full data (ZeRO-3 shards gathered);
+    `owned(tensor)`: a copy that outlives it (the merged weight is a new tensor already)."""
+    if not isinstance(layer, LoraLayer):
+        return None
+    if not isinstance(layer, (Linear, Embedding)):
+        raise ConfigError(f"model.lora: the merged-weight sync to the rollout engine handles LoRA on Linear and "
+                          f"Embedding layers; {prefix} is a {type(layer).__name__}")
+    embedding = isinstance(layer, Embedding)
+    # what the layer's forward adds: nothing while adapters are off or already merged into the base weight
+    adapters = [] if layer.disable_adapters or layer.merged else [
+        a for a in layer.active_adapters if a in (layer.lora_embedding_A if embedding else layer.lora_A)]
+    for adapter in adapters:
+        if adapter in layer.lora_variant or layer.lora_bias.get(adapter):
+            raise ConfigError(f"model.lora: the merged-weight sync handles plain LoRA (W + scale·B·A); {prefix} has "
+                              f"a LoRA variant or bias for adapter {adapter!r}")
+    base = layer.get_base_layer()
+    with gathered(list(layer.parameters())):
+        weight = base.weight.detach()
+        for adapter in adapters:
+            if embedding:
+                a, b = layer.lora_embedding_A[adapter], layer.lora_embedding_B[adapter]
+            else:
+                a, b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
+            weight = merged_weight(weight, a.detach(), b.detach(), layer.scaling[adapter],
+                                   embedding or getattr(layer, "fan_in_fan_out", False))
+        out = [(f"{prefix}.weight", weight if adapters else owned(weight))]
+        if getattr(base, "bias", None) is not None:
+            out.append((f"{prefix}.bias", owned(base.bias.detach())))
+    return out
+
+
+def streamed_instead(module: torch.nn.Module, name: str) -> torch.nn.Module | None:
+    """The module whose weights stand for PEFT's wrapper `module` under the wrapped module's name: the trained copy of
+    a `modules_to_save` module while its adapter is active, else the original; None for a module PEFT did not wrap."""
+    if isinstance(module, ModulesToSaveWrapper):
+        active = module.active_adapters
+        return module.modules_to_save[active[0]] if active else module.original_module
+    if isinstance(module, AuxiliaryTrainingWrapper):
+        raise ConfigError(f"model.lora: the merged-weight sync has no rule for PEFT's {type(module).__name__} "
+                          f"({name})")
+    return None
+
+
 def adapter_factors(state: dict[str, torch.Tensor], module: str) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """(A, B, whether B A is stored transposed) of the adapted module `module` (its PEFT name) in `state`: a linear
     layer's factors, or an embedding's (whose weight is [vocabulary, dim] while B A is [dim, vocabulary])."""
@@ -160,6 +218,16 @@ def merged_state_dict(state: dict[str, torch.Tensor], scaling: float,
             tensor = merged_weight(tensor, lora_a, lora_b, scaling, embedding or fan_in_fan_out)
         merged[name] = tensor
     return merged
+
+
+def save_merged_and_adapter(model: PeftModel, out: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+    """`model` written twice: merged into its base weights in `out` (a plain model, W + (alpha / r) B A computed into
+    new tensors, the live weights untouched) and as the PEFT adapter in `out/adapter` (PeftModel.from_pretrained on the
+    base model). `state`: the model's state dict where it is not the module's own (gathered from ZeRO-3 shards)."""
+    state = model.state_dict() if state is None else state
+    model.save_pretrained(out / "adapter", state_dict=state)
+    model.get_base_model().save_pretrained(out, state_dict=merged_state_dict(
+        state, lora_scaling(model), model.peft_config[ADAPTER].fan_in_fan_out))
 
 
 ADAPTER_CONFIG = "adapter_config.json"

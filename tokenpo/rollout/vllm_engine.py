@@ -23,9 +23,10 @@ import tempfile
 import torch
 
 from tokenpo.deepspeed import dist
+from tokenpo.models.lora import base_model
 from tokenpo.rollout.config import vllm_sizing
 from tokenpo.rollout.engine import ENGINES, Responses, SamplingParams
-from tokenpo.rollout.weight_stream import peft_base, policy_weights
+from tokenpo.rollout.weight_stream import policy_weights
 
 # vLLM's own RNG only serves requests without a seed; each request gets one drawn from the run's generator
 SEED_RANGE = 2**31 - 1
@@ -35,7 +36,7 @@ def model_folder(module: torch.nn.Module, tokenizer) -> tempfile.TemporaryDirect
     """A folder with the policy's config and tokenizer (no weights): what vLLM builds its model from (for a LoRA
     policy, the base model's: the sync sends merged weights)."""
     folder = tempfile.TemporaryDirectory(prefix="tokenpo-vllm-")
-    module = peft_base(module)
+    module = base_model(module)
     config = copy.deepcopy(module.config)
     # the class vLLM builds: a config made in memory (the tiny model) names none, and a bare LlamaModel has no head
     config.architectures = [type(module).__name__]

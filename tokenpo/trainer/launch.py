@@ -1,6 +1,6 @@
-"""Starting the processes of a multi-process run.
+"""Starting the processes of a multi-process run, and stopping them cleanly.
 
-Two ways in:
+Four ways in:
 - `trainer.nproc=N`: the Hydra job starts N local worker processes itself (so `-m` sweeps work unchanged);
   workers join one process group through the usual RANK / WORLD_SIZE / MASTER_* variables and share the
   job's run dir. If one fails, the others are stopped and the job fails with its exit code; a stop signal
@@ -15,8 +15,9 @@ Two ways in:
 - `srun python -m tokenpo.train` with several tasks (no torchrun inside): `slurm_ranks` reads Slurm's own task
   variables into torchrun's, so the tasks train as one run.
 
-A run stopped by SIGUSR1/SIGUSR2 (the warning Slurm's --signal and submitit send before a time limit or a preemption)
-saves its checkpoint, then `hand_over_stop` gets the job requeued, and the requeued job resumes from that checkpoint.
+A stop signal makes the run save a checkpoint and exit at the end of its step (`StopRequest`). After SIGUSR1/SIGUSR2
+(the warning Slurm's --signal and submitit send before a time limit or a preemption) `hand_over_stop` then gets the
+job requeued, and the requeued job resumes from that checkpoint.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from tokenpo.errors import ConfigError
+from tokenpo.trainer.identity import RunIdentity
 
 log = logging.getLogger("tokenpo")
 
@@ -56,6 +57,26 @@ POLL_S = 0.2
 # Ctrl-C) and the warnings sent before a time limit or a preemption: `sbatch --signal=USR1@120` (SIGUSR1, Lightning's
 # requeue signal) and submitit's (SIGUSR2, its default SUBMITIT_PREEMPT_SIGNAL)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class StopRequest:
+    """A stop signal (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) asks the loop to save and exit at the end of the current step.
+    `restore` puts back the handlers the process had before (submitit's SIGUSR2 handler, which requeues the job)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signum: int | None = None
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested, self.signum = True, signum
+        log.warning("signal %d: saving a checkpoint after this step, then exiting", signum)
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 # the stop signals that ask for a requeue once the checkpoint is saved
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 # variables a launcher (torchrun, the deepspeed launcher, tokenpo's own) sets: with any of them, its ranks win
@@ -296,12 +317,14 @@ def hand_over_stop(signum: int | None, rank0: bool) -> None:
         log.info("requeued Slurm job %s: it resumes from this checkpoint", job)
 
 
-def launch_local_workers(nproc: int, run_dir: Path, name: str, group: str, resolved: dict) -> dict | None:
+def launch_local_workers(nproc: int, identity: RunIdentity) -> dict | None:
     """Run `python -m tokenpo.trainer.worker <run_dir>` N times; rank 0's summary (None if it wrote none).
 
     Raises SystemExit with the first failing worker's status."""
+    run_dir = identity.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / RESOLVED).write_text(json.dumps({"config": resolved, "name": name, "group": group}))
+    (run_dir / RESOLVED).write_text(json.dumps({"config": identity.config, "name": identity.name,
+                                                "group": identity.group}))
     from tokenpo.deepspeed.dist import free_port  # here: dist imports torch, and start-up checks run without it
 
     port = free_port()

@@ -16,6 +16,7 @@ from pathlib import Path
 from tokenpo.config import build_config
 from tokenpo.deepspeed.build_locks import check_build_locks
 from tokenpo.errors import ConfigError
+from tokenpo.trainer.identity import RunIdentity
 from tokenpo.trainer.launch import RESOLVED, die_with_launcher
 from tokenpo.trainer.loop import train
 
@@ -32,7 +33,8 @@ def main(argv: list[str]) -> int:
     # a worker about to wait on a sibling's (or a dead) JIT build says so, before DeepSpeed starts
     check_build_locks(os.environ)
     try:
-        train(build_config(payload["config"]), run_dir, payload["name"], payload["group"], payload["config"])
+        identity = RunIdentity(run_dir, payload["name"], payload["group"], payload["config"])
+        train(build_config(payload["config"]), identity)
     except ConfigError as err:
         print(f"tokenpo: error: {err}", file=sys.stderr)
         return 2

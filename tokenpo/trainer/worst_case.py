@@ -17,61 +17,60 @@ import time
 import torch
 
 from tokenpo import algorithms as alg
+from tokenpo.config import TrainConfig
+from tokenpo.data import Example
 from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
 from tokenpo.plan.memory import Shapes, build_plan, device_type, memory_limit, run_shapes
 from tokenpo.plan.units import format_bytes
 from tokenpo.trainer.batch import group_micro_batches
+from tokenpo.trainer.policy import Policy
 from tokenpo.trainer.rollouts import StepRollouts
-from tokenpo.trainer.update import forward_groups, group_forward, needs_old_logprobs
+from tokenpo.trainer.step import StepSettings, row_logprobs
 
 log = logging.getLogger("tokenpo")
 
 
-def worst_case_enabled(cfg, device: torch.device) -> bool:
-    """trainer.worst_case_first, or (null) on with CUDA, off on CPU."""
-    flag = cfg.trainer.worst_case_first
+def worst_case_enabled(flag: bool | None, device: torch.device) -> bool:
+    """trainer.worst_case_first (`flag`), or (null) on with CUDA, off on CPU."""
     return device.type == "cuda" if flag is None else flag
 
 
-def worst_case_rollouts(ctx, examples, shapes: Shapes) -> StepRollouts:
+def worst_case_rollouts(prompt_ids: list[list[int]], group_size: int, shapes: Shapes) -> StepRollouts:
     """The largest micro-batch's groups: the `micro_groups` longest training prompts, each with G responses of
     max_new_tokens tokens (their ids do not matter for memory: the first prompt's first token)."""
-    prompts = sorted((ctx.prompt_ids(example) for example in examples), key=len, reverse=True)[: shapes.micro_groups]
-    g = ctx.cfg.rollout.group_size
+    prompts = sorted(prompt_ids, key=len, reverse=True)[: shapes.micro_groups]
     filler = [prompts[0][0]] * shapes.new_tokens
-    rows = len(prompts) * g
-    return StepRollouts(examples=[examples[0]] * len(prompts), prompt_ids=prompts,
+    rows = len(prompts) * group_size
+    return StepRollouts(examples=[Example("worst-case", "", "")] * len(prompts), prompt_ids=prompts,
                         response_ids=[filler] * rows, response_text=[""] * rows, truncated=[True] * rows,
                         verdicts=[""] * rows)
 
 
-def run_worst_case(ctx, examples) -> Shapes:
-    """The pass described above; returns the shapes it ran (the longest prompt's length as prompt_tokens)."""
-    cfg = ctx.cfg
+def run_worst_case(cfg: TrainConfig, run: StepSettings, policy: Policy, prompt_ids: list[list[int]]) -> Shapes:
+    """The pass described above over the training prompts' token ids; returns the shapes it ran (the longest
+    prompt's length as prompt_tokens). `cfg`: the memory plan's shapes and its out-of-memory advice read it all."""
     shapes = run_shapes(cfg, dist.world_size(), None)
-    rollouts = worst_case_rollouts(ctx, examples, shapes)
+    rollouts = worst_case_rollouts(prompt_ids, cfg.rollout.group_size, shapes)
     shapes.prompt_tokens = len(rollouts.prompt_ids[0])
     groups = list(range(len(rollouts.prompt_ids)))
     longest = [shapes.new_tokens] * len(groups)
-    devices = [ctx.device] if ctx.device.type == "cuda" else []
+    devices = [policy.device] if policy.device.type == "cuda" else []
     start = time.perf_counter()
     with out_of_memory_reported(cfg, "the worst-case pass before step 1", shapes), \
             torch.random.fork_rng(devices=devices):
-        with torch.no_grad():
-            if needs_old_logprobs(cfg):
-                forward_groups(ctx, ctx.policy.module, rollouts, groups, longest, with_entropy=True)
-            if alg.needs_reference(cfg.algorithm):
-                with ctx.reference_model() as reference:
-                    forward_groups(ctx, reference, rollouts, groups, longest, with_entropy=False)
+        if run.needs_old_logprobs:
+            row_logprobs(run, policy, rollouts, groups, longest, reference=False)
+        if alg.needs_reference(run.algorithm):
+            row_logprobs(run, policy, rollouts, groups, longest, reference=True)
         # every micro-batch here has the same shapes: the first is the largest one
-        largest = group_micro_batches(groups, longest, cfg.trainer.micro_batch_size, cfg.rollout.group_size)[0]
-        _, _, logp, entropy = group_forward(ctx, ctx.policy, rollouts, largest, with_entropy=True,
-                                            entropy_grad=alg.needs_entropy_grad(cfg.algorithm),
-                                            recompute_head=cfg.trainer.recompute_head)
-        loss = logp.sum() + (entropy.sum() if entropy is not None and entropy.requires_grad else 0.0)
-        ctx.policy.backward(loss * 0.0, scale_wrt_gas=False)
-    peak = f", peak CUDA memory {format_bytes(torch.cuda.max_memory_allocated(ctx.device))}" if devices else ""
+        largest = group_micro_batches(groups, longest, run.micro_batch_size, cfg.rollout.group_size)[0]
+        out = policy.logprobs(rollouts.tokens(largest, run.pad_token_id, policy.device), largest.rows_per_prompt,
+                              grad=True, with_entropy=True, entropy_grad=alg.needs_entropy_grad(run.algorithm))
+        entropy = out.entropy
+        loss = out.logp.sum() + (entropy.sum() if entropy is not None and entropy.requires_grad else 0.0)
+        policy.backward(loss * 0.0)
+    peak = f", peak CUDA memory {format_bytes(torch.cuda.max_memory_allocated(policy.device))}" if devices else ""
     log.info("worst case first: forward + backward of %d sequences x (%d + %d) tokens in %.1f s%s",
              len(largest.rows), shapes.prompt_tokens, shapes.new_tokens, time.perf_counter() - start, peak)
     return shapes
@@ -94,15 +93,6 @@ def out_of_memory_message(cfg, where: str, shapes: Shapes) -> str:
         advice = f"no memory plan ({err})"
     return (f"out of memory in {where} ({described}); {advice}; python -m tokenpo.plan <the same overrides> lists "
             f"the parts; the last checkpoint is intact")
-
-
-def cuda_memory_metrics(device: torch.device) -> dict[str, float]:
-    """Peak CUDA memory so far (the worst-case pass included): what torch's tensors took, and what its caching
-    allocator held; none on CPU."""
-    if device.type != "cuda":
-        return {}
-    return {"memory/cuda_peak_allocated_bytes": float(torch.cuda.max_memory_allocated(device)),
-            "memory/cuda_peak_reserved_bytes": float(torch.cuda.max_memory_reserved(device))}
 
 
 def step_shapes(cfg) -> Shapes:

@@ -1,0 +1,54 @@
+"""Compare the metrics.jsonl of two run dirs: every step and key whose value differs, clock metrics left out.
+
+    python scripts/compare_metrics.py <run_dir_a> <run_dir_b> [--prefix-ignore timing/ time/ throughput/]
+
+Exit status 0 when the runs logged the same steps with identical values (bit for bit: JSON floats compared as
+written), 1 otherwise. A refactor of the trainer must leave this at 0 for the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# metrics that depend on the clock, never equal between runs
+CLOCK_PREFIXES = ("timing/", "time/", "throughput/")
+
+
+def read_steps(run_dir: Path) -> dict[int, dict]:
+    """metrics.jsonl's records by step."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {row["step"]: row for row in rows}
+
+
+def differences(a: dict[int, dict], b: dict[int, dict], ignored: tuple[str, ...]) -> list[str]:
+    """One line per step only one run logged, and per (step, key) whose values differ or exist in one run only."""
+    lines = [f"step {step}: only in {'a' if step in a else 'b'}" for step in sorted(set(a) ^ set(b))]
+    for step in sorted(set(a) & set(b)):
+        keys = (set(a[step]) | set(b[step])) - {"step"}
+        for key in sorted(k for k in keys if not k.startswith(ignored)):
+            left, right = a[step].get(key, "<absent>"), b[step].get(key, "<absent>")
+            if left != right:
+                lines.append(f"step {step}: {key}: {left!r} != {right!r}")
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("a", type=Path)
+    parser.add_argument("b", type=Path)
+    parser.add_argument("--prefix-ignore", nargs="*", default=list(CLOCK_PREFIXES),
+                        help="key prefixes left out (default: the clock's: %(default)s)")
+    args = parser.parse_args(argv)
+    a, b = read_steps(args.a), read_steps(args.b)
+    lines = differences(a, b, tuple(args.prefix_ignore))
+    compared = sum(len(set(a[s]) - {"step"}) for s in set(a) & set(b))
+    print("\n".join(lines) if lines else
+          f"identical: {len(a)} steps, {compared} values (keys starting with {', '.join(args.prefix_ignore)} left out)")
+    return 1 if lines else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,238 @@
+"""The trained model behind one interface: its DeepSpeed engine, LoRA adapters, the KL reference, checkpoint state and
+export. The step calls `logprobs`, `reference_logprobs`, `backward`, `step`; nothing outside this module needs to know
+whether the policy trains LoRA adapters, where its reference lives, or which ZeRO stage partitions it.
+
+LoRA (tokenpo.models.lora) changes four things of the policy, all of them here: no reference copy is built (the policy's own
+module with its adapters off is the initial policy), checkpoints hold the trainable parameters only (the frozen base
+is the model's own) and record the LoRA settings a resume must match, and the export writes the merged model and the
+adapter.
+
+A checkpoint's RNG files hold tensors and numbers only and are read with `weights_only=True`; DeepSpeed's own state
+files are pickles that it loads with `weights_only=False`, so resume only from checkpoints you trust.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tokenpo import algorithms as alg
+from tokenpo.config import TrainConfig
+from tokenpo.deepspeed import dist
+from tokenpo.deepspeed.engine import build_policy_engine, build_reference, forward_in_engine, partitioned_loading
+from tokenpo.deepspeed.export import zero3_16bit_state_dict
+from tokenpo.models.loading import load_model
+from tokenpo.models.logprobs import response_logprobs
+from tokenpo.models.lora import adapters_disabled, save_merged_and_adapter
+from tokenpo.models.modes import no_dropout
+from tokenpo.trainer import checkpoint
+from tokenpo.trainer.batch import GroupTokens
+from tokenpo.trainer.checkpoint_manifest import CheckpointError
+from tokenpo.trainer.optim import build_optimizer
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """One forward's result over a micro-batch's rows."""
+
+    logp: torch.Tensor  # [rows, T] log-probs of the response tokens under the rollout temperature
+    entropy: torch.Tensor | None  # [rows, T] token entropy, when asked for
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """What the policy's passes and checkpoints read of the config, fixed at build()."""
+
+    temperature: float  # log-probs and entropy under the sampling temperature (greedy rollouts: 1)
+    chunk_tokens: int  # trainer.logit_chunk_tokens: output-layer rows computed at a time
+    recompute_head: bool  # trainer.recompute_head: the update's output layer recomputed in the backward
+    lora: dict | None  # model.lora settings (LoraConfig.settings()); None: full fine-tuning
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig) -> PolicySettings:
+        return cls(cfg.rollout.temperature or 1.0, cfg.trainer.logit_chunk_tokens, cfg.trainer.recompute_head,
+                   cfg.model.lora.settings())
+
+
+class Policy:
+    """The trained model: its DeepSpeed engine, LoRA adapters, the KL reference, checkpoint state and export."""
+
+    def __init__(self, engine, optimizer: torch.optim.Optimizer | None, reference: torch.nn.Module | None,
+                 device: torch.device, settings: PolicySettings) -> None:
+        self.engine = engine  # rollout engines sync their weights from it
+        self.optimizer = optimizer  # the torch optimizer inside the engine (the learning rate is set on its groups)
+        self.device = device
+        self.settings = settings
+        self._reference = reference  # the frozen copy; None without a KL term, or with LoRA (the adapters off)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The trained nn.Module (a PEFT model with LoRA)."""
+        return self.engine.module
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, world_size: int, device: torch.device) -> tuple[object, Policy]:
+        """(tokenizer, policy): the model loaded (partitioned under ZeRO-3), the reference when the algorithm needs one
+        (a frozen copy; with LoRA none: the policy's own module with its adapters off is the initial policy), the
+        optimizer at step 1's learning rate, the engine. The caller seeds torch first (the weights of a LoRA adapter
+        and a tiny model are drawn from it)."""
+        settings = PolicySettings.from_config(cfg)
+        sizes = dict(micro_batch_size=cfg.trainer.micro_batch_size, max_grad_norm=cfg.trainer.max_grad_norm,
+                     world_size=world_size)
+        partitioned = partitioned_loading(cfg.deepspeed, **sizes)
+        tokenizer, model = load_model(cfg.model, cfg.seed, partitioned)
+        reference = None
+        if alg.needs_reference(cfg.algorithm) and settings.lora is None:
+            reference = build_reference(model, cfg.deepspeed, **sizes,
+                                        load_initial=lambda: load_model(cfg.model, cfg.seed, partitioned)[1])
+            reference.to(device)
+        optimizer = build_optimizer(model, cfg.trainer)
+        engine = build_policy_engine(model, optimizer, cfg.deepspeed, **sizes)
+        return tokenizer, cls(engine, optimizer, reference, device, settings)
+
+    def _forward(self, model, tokens: GroupTokens, rows_per_prompt: int, *, with_entropy: bool,
+                 entropy_grad: bool = False, recompute_head: bool = False) -> TokenLogprobs:
+        logp, entropy = forward_in_engine(
+            model, response_logprobs, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids,
+            tokens.response_mask, group_size=rows_per_prompt, temperature=self.settings.temperature,
+            chunk_tokens=self.settings.chunk_tokens, with_entropy=with_entropy, entropy_grad=entropy_grad,
+            recompute_head=recompute_head)
+        return TokenLogprobs(logp, entropy if with_entropy else None)
+
+    def logprobs(self, tokens: GroupTokens, rows_per_prompt: int, *, grad: bool, with_entropy: bool,
+                 entropy_grad: bool = False) -> TokenLogprobs:
+        """The policy's log-probs of `tokens`' responses (each prompt once for its `rows_per_prompt` rows). `grad`:
+        the update's pass, through the engine (its hooks count the micro-batch), dropout on, the output layer
+        recomputed in the backward per trainer.recompute_head; else without grad and without dropout (the old
+        policy)."""
+        if grad:
+            return self._forward(self.engine, tokens, rows_per_prompt, with_entropy=with_entropy,
+                                 entropy_grad=entropy_grad, recompute_head=self.settings.recompute_head)
+        with torch.no_grad(), no_dropout(self.module):
+            return self._forward(self.module, tokens, rows_per_prompt, with_entropy=with_entropy)
+
+    def reference_logprobs(self, tokens: GroupTokens, rows_per_prompt: int) -> torch.Tensor:
+        """[rows, T] log-probs under the KL reference, the initial policy, without grad."""
+        with torch.no_grad(), no_dropout(self.module), self._reference_model() as reference:
+            return self._forward(reference, tokens, rows_per_prompt, with_entropy=False).logp
+
+    def _reference_model(self) -> contextlib.AbstractContextManager:
+        """The frozen copy where one was built, else (LoRA) the policy's own module with its adapters switched off,
+        which is the initial policy (adapters start at B = 0)."""
+        if self._reference is not None:
+            return contextlib.nullcontext(self._reference)
+        if self.settings.lora is None:
+            raise RuntimeError("the KL term needs a reference model: this policy was built for an algorithm without one")
+        return _without_adapters(self.module)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate this rank's share of the global mean loss: DeepSpeed averages gradients over ranks, so it is
+        scaled by the world size, and not again by gradient accumulation (the loss is already a share)."""
+        self.engine.backward(loss * dist.world_size(), scale_wrt_gas=False)
+
+    def step(self) -> None:
+        """One optimizer update with the gradients accumulated since the last one."""
+        self.engine.step()
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the following updates, on every parameter group (DeepSpeed's ZeRO optimizers wrap
+        these same groups)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def grad_norm(self) -> float:
+        """The gradient norm of the last update (before clipping); 0 before any."""
+        return float(self.engine.get_global_grad_norm() or 0.0)
+
+    def lr(self) -> float:
+        return float(self.engine.get_lr()[0])
+
+    def save(self, root: Path, step: int, client_state: dict, *, keep_last: int, with_checksums: bool) -> Path:
+        """Checkpoint `step` under `root` on every rank (a collective): the engine's state (with LoRA the trainable
+        parameters only: the frozen base is the model's own) with `client_state`, and this rank's RNG states. Keeps
+        the newest `keep_last`; `with_checksums`: the manifest records crc32s, not sizes alone."""
+        frozen = {"exclude_frozen_parameters": True} if self.settings.lora else {}
+
+        def write_state(folder: Path) -> None:
+            self.engine.save_checkpoint(str(folder), tag=checkpoint.TAG, client_state=client_state,
+                                        save_latest=False, **frozen)
+            torch.save(rng_state(), checkpoint.rng_file(folder, dist.rank()))
+
+        meta = checkpoint.CheckpointMeta(step, dist.world_size(), self.engine.zero_optimization_stage(),
+                                         self.settings.lora)
+        return checkpoint.save(root, meta, write_state, keep_last=keep_last, with_checksums=with_checksums)
+
+    def load(self, path: Path) -> dict:
+        """Restore the engine (model, optimizer) and this rank's RNG states from checkpoint `path` (one whose manifest
+        was verified: checkpoint.find_resume_dir); the client state saved with it."""
+        checkpoint.check_resumable(path, checkpoint.read_meta(path), dist.world_size(),
+                                   self.engine.zero_optimization_stage(), self.settings.lora)
+        # read before DeepSpeed unpickles anything, so that a refused file stops the load early
+        rng = load_rng(checkpoint.rng_file(path, dist.rank()))
+        # no LR scheduler state: the learning rate follows from the rollout step (tokenpo.trainer.optim)
+        frozen = {"load_module_strict": False} if self.settings.lora else {}  # the saved module lacks the frozen base
+        load_path, client_state = self.engine.load_checkpoint(str(path), tag=checkpoint.TAG, load_optimizer_states=True,
+                                                              load_lr_scheduler_states=False, **frozen)
+        if load_path is None:
+            raise CheckpointError(f"checkpoint {path}: DeepSpeed could not load it (see its log above)")
+        set_rng_state(rng)
+        return client_state or {}
+
+    def export(self, tokenizer, out: Path) -> None:
+        """The final policy in Hugging Face format in `out` (AutoModelForCausalLM.from_pretrained loads it); a LoRA
+        policy merged into its base weights there and as the PEFT adapter in out/adapter. Under ZeRO-3 every rank
+        holds a shard: all ranks take part in consolidating the 16-bit weights, which rank 0 alone writes."""
+        state = zero3_16bit_state_dict(self.module) if self.engine.zero_optimization_stage() == 3 else None
+        if dist.is_main():
+            if self.settings.lora:
+                save_merged_and_adapter(self.module, out, state)
+            else:
+                self.module.save_pretrained(out, state_dict=state)
+            tokenizer.save_pretrained(out)
+        if dist.world_size() > 1:
+            torch.distributed.barrier()
+
+
+@contextlib.contextmanager
+def _without_adapters(module):
+    with adapters_disabled(module):
+        yield module
+
+
+def rng_state() -> dict:
+    """Tensors, strings and numbers only, so that `torch.load(weights_only=True)` reads it back."""
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = (name, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, gauss)
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    name, key, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def load_rng(path: Path) -> dict:
+    """A rank's RNG states, read as tensors and numbers only: a pickled object in the file (numpy's key as an ndarray,
+    as an earlier tokenpo wrote it, or anything else) is refused, not run."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing")
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path}: holds objects other than tensors and numbers (refused, not run)") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[:1]
+        raise CheckpointError(f"{path}: unreadable ({type(err).__name__}: {''.join(reason)})") from None

@@ -1,0 +1,66 @@
+"""Where a run stands (`RunState`: what a checkpoint carries besides the model), and the harness that resumes and
+saves it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenpo.data import PromptSampler
+from tokenpo.logger.run_logger import SAMPLES_FILE
+from tokenpo.trainer import checkpoint
+from tokenpo.trainer.policy import Policy
+
+log = logging.getLogger("tokenpo")
+
+
+@dataclass
+class RunState:
+    """What a checkpoint carries besides the model and optimizer: the step, the prompt sampler's position, the W&B
+    run id, and the running totals. On disk it is the client state `{"step", "sampler", "wandb_id", "history"}` with
+    the totals and the held-out accuracies in `history` (the keys of the checkpoints written so far)."""
+
+    step: int = 0
+    sampler: dict | None = None  # PromptSampler.state_dict()
+    wandb_id: str | None = None
+    generated_tokens: int = 0  # response tokens generated so far, every dynamic-sampling round's included
+    elapsed_s: float = 0.0  # training seconds so far (the evaluation before training excluded)
+    eval_before: float | None = None  # held-out accuracy before training
+    eval_after: float | None = None  # held-out accuracy after the last step
+
+    def to_client_state(self) -> dict:
+        history = {"generated_tokens": self.generated_tokens, "elapsed_s": self.elapsed_s}
+        history.update({key: value for key, value in (("eval_before", self.eval_before),
+                                                      ("eval_after", self.eval_after)) if value is not None})
+        return {"step": self.step, "sampler": self.sampler, "wandb_id": self.wandb_id, "history": history}
+
+    @classmethod
+    def from_client_state(cls, state: dict) -> RunState:
+        history = state.get("history", {})
+        return cls(step=state["step"], sampler=state["sampler"], wandb_id=state.get("wandb_id"),
+                   generated_tokens=history.get("generated_tokens", 0), elapsed_s=history.get("elapsed_s", 0.0),
+                   eval_before=history.get("eval_before"), eval_after=history.get("eval_after"))
+
+
+def resume_run(policy: Policy, sampler: PromptSampler, resume: str, run_dir: Path, *,
+               with_checksums: bool) -> tuple[RunState, bool]:
+    """(the run's state, whether it resumed): the checkpoint trainer.resume (`resume`) names restored into `policy`
+    and `sampler`, or a fresh state. Checkpoints after the one resumed are set aside, and the metrics and samples
+    logged after it (or by a whole earlier attempt) trimmed: those steps are logged again."""
+    resume_dir = checkpoint.find_resume_dir(resume, run_dir, with_checksums=with_checksums)
+    checkpoint.set_aside_stale(run_dir / "checkpoints", resume_dir)
+    state = RunState()
+    if resume_dir is not None:
+        state = RunState.from_client_state(policy.load(resume_dir))
+        sampler.load_state_dict(state.sampler)
+        log.info("resumed from %s at step %d", resume_dir, state.step)
+    for log_file in ("metrics.jsonl", SAMPLES_FILE):
+        checkpoint.trim_metrics(run_dir / log_file, state.step if resume_dir is not None else -1)
+    return state, resume_dir is not None
+
+
+def save_run(policy: Policy, state: RunState, run_dir: Path, *, keep_last: int, with_checksums: bool) -> None:
+    """Checkpoint the policy at `state.step` with the state as its client state (a collective: every rank)."""
+    policy.save(run_dir / "checkpoints", state.step, state.to_client_state(), keep_last=keep_last,
+                with_checksums=with_checksums)

@@ -1,0 +1,273 @@
+"""One RL step, read top to bottom: prompts -> G responses each, scored -> the algorithm's advantages and loss
+normalisers on the whole batch -> the clipped policy update(s) on this rank's share -> the step's metrics.
+
+`train_step` is the step; `collect_rollouts` and `update_policy` are its two halves, in the order it calls them.
+The global batch is identical on every rank, so `alg.prepare_step` computes group statistics and loss normalisers
+on all of it; each rank then back-propagates only its own groups through `alg.micro_batch_loss`, and every loss
+term is (local sum) / (global count) (`Policy.backward` scales by the world size: DeepSpeed averages over ranks).
+Nothing here depends on the algorithm's name: it fills an `alg.StepBatch` and runs the passes the registry's traits
+ask for (old log-probs and entropy, reference log-probs, entropy with grad). Shapes: N sequences of the step (G per
+group, group-major), T the longest response; a micro-batch's `rows` index into N.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from tokenpo import algorithms as alg
+from tokenpo.algorithms.config import AlgorithmConfig, DynamicSamplingConfig
+from tokenpo.config import TrainConfig
+from tokenpo.data import PromptSampler
+from tokenpo.deepspeed import dist
+from tokenpo.errors import ConfigError
+from tokenpo.rewards import CORRECT, GOLD_INVALID, RewardConfig
+from tokenpo.rollout.engine import RolloutEngine
+from tokenpo.trainer.batch import group_micro_batches, pad_to
+from tokenpo.trainer.policy import Policy
+from tokenpo.trainer.rollouts import (RolloutSource, StepRollouts, dynamic_sampling_metrics, fill_batch,
+                                      format_rewards, mixed_group_ids, rollout_metrics)
+from tokenpo.trainer.timings import Timings
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What a step reads of the run's config (`from_config`), named once."""
+
+    algorithm: AlgorithmConfig  # the registry reads its traits and hyperparameters
+    reward: RewardConfig  # how training answers are judged: the format reward's pattern and weight
+    prompts_per_step: int  # groups in the step's batch
+    max_new_tokens: int  # the response cap (overlong shaping reads it)
+    micro_batch_size: int  # sequences per forward/backward pass
+    mini_batches: int  # optimizer updates per step, each on a slice of the groups
+    pad_token_id: int
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, pad_token_id: int) -> StepSettings:
+        return cls(cfg.algorithm, cfg.reward_for(cfg.data), cfg.data.prompts_per_step, cfg.rollout.max_new_tokens,
+                   cfg.trainer.micro_batch_size, cfg.trainer.mini_batches, pad_token_id)
+
+    @property
+    def needs_old_logprobs(self) -> bool:
+        """Whether a step runs the old policy without grad first: several updates per rollout (their ratio's
+        denominator) or an algorithm that reads the old policy's entropy."""
+        return self.mini_batches > 1 or alg.needs_entropy(self.algorithm)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step produced: its metrics (update, rollouts, dynamic sampling, timing) and its batch."""
+
+    metrics: dict[str, float]
+    rollouts: StepRollouts  # the step's batch, with each sequence's shaped reward (the samples table reads it)
+
+    @property
+    def generated_tokens(self) -> int:
+        """Response tokens generated in the step, every dynamic-sampling round's included."""
+        return self.rollouts.generated_tokens
+
+
+def train_step(step: int, lr: float, run: StepSettings, policy: Policy, source: RolloutSource,
+               sampler: PromptSampler) -> StepResult:
+    """Rollout step `step` at learning rate `lr`: collect the batch, update the policy on it, sync the engine."""
+    timings, started = Timings(), time.perf_counter()
+    rollouts = collect_rollouts(step, source, sampler, run.prompts_per_step, run.algorithm.dynamic_sampling,
+                                dist.world_size() * run.mini_batches, timings)
+    policy.set_lr(lr)  # every update of this step at lr(step): the schedule counts rollout steps, not updates
+    source.engine.sleep()  # the update gets the memory the engine can release
+    # dynamic sampling's keep_partial may leave no group that splits over the ranks: no update this step
+    metrics = update_policy(run, policy, rollouts, timings) if rollouts.examples else {"lr": lr}
+    with timings("weight_sync"):
+        sync_engine(source.engine, policy)
+    metrics.update(dynamic_sampling_metrics(rollouts))
+    step_s = time.perf_counter() - started
+    metrics.update({f"timing/{phase}_s": seconds for phase, seconds in timings.seconds.items()})
+    metrics["timing/step_s"] = step_s
+    metrics.update(cuda_memory_metrics(policy.device))
+    metrics["throughput/tokens_per_s"] = sum(len(r) for r in rollouts.response_ids) / step_s
+    # the equal-compute axis of tokenpo.compare: every dynamic-sampling round counts, kept or filtered out
+    metrics["tokens/generated"] = float(rollouts.generated_tokens)
+    return StepResult(metrics, rollouts)
+
+
+def collect_rollouts(step: int, source: RolloutSource, sampler: PromptSampler, needed: int,
+                     sampling: DynamicSamplingConfig, parts: int, timings: Timings) -> StepRollouts:
+    """The step's batch of `needed` (data.prompts_per_step) groups. Under DAPO dynamic sampling each of at most
+    `max_gen_batches` rounds draws `prompts_per_round` prompts (verl's gen_batch_size) until enough groups are
+    mixed; the first `needed` of them make the batch, and `on_exhausted` decides when too few are (keep_partial
+    keeps the most that split over `parts` = ranks x mini-batches)."""
+    if not sampling.enabled:
+        batch = source.generate_and_score(sampler.next_batch(needed), source.generator(step, 0), timings)
+        batch.rounds, batch.generated_groups, batch.mixed_groups = 1, needed, needed
+        batch.generated_tokens = sum(map(len, batch.response_ids))
+        return batch
+    drawn = alg.prompts_per_round(needed, sampling.oversample, dist.world_size())
+    mixed, rest = StepRollouts(), StepRollouts()  # rest: the groups the filter dropped, in order
+    for round_index in range(sampling.max_gen_batches):
+        fresh = source.generate_and_score(sampler.next_batch(drawn), source.generator(step, round_index), timings)
+        mixed.rounds += 1
+        mixed.generated_groups += len(fresh.examples)
+        mixed.generated_tokens += sum(map(len, fresh.response_ids))
+        keep = set(mixed_group_ids(fresh))
+        for i in range(len(fresh.examples)):
+            (mixed if i in keep else rest).extend(fresh.group(i))
+        if len(mixed.examples) >= needed:
+            break
+    found = len(mixed.examples)
+    if found < needed and sampling.on_exhausted == "error":
+        raise ConfigError(
+            f"algorithm.dynamic_sampling: step {step} found {found} mixed groups of the {needed} data.prompts_per_step "
+            f"asks for in max_gen_batches={sampling.max_gen_batches} rounds of {drawn} prompts; raise "
+            f"algorithm.dynamic_sampling.max_gen_batches or .oversample, or set .on_exhausted=fill or keep_partial")
+    return fill_batch(mixed, rest, needed, sampling.on_exhausted, parts)
+
+
+def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, timings: Timings) -> dict[str, float]:
+    """Advantages on the whole batch, then `run.mini_batches` optimizer updates on this rank's groups; the step's
+    update and rollout metrics (the same on every rank)."""
+    g, num_groups = rollouts.group_size, len(rollouts.examples)
+    mine = list(range(dist.rank(), num_groups, dist.world_size()))  # this rank trains every world_size-th group
+    longest = rollouts.longest()  # [groups]: micro-batches put groups of similar length together
+
+    # the no-grad passes the algorithm asks for, on this rank's rows: {row: [n_row]} CPU tensors
+    old_logp = old_entropy = ref_logp = None
+    if run.needs_old_logprobs:
+        with timings("old_logprob"):
+            old_logp, old_entropy = row_logprobs(run, policy, rollouts, mine, longest, reference=False)
+    if alg.needs_reference(run.algorithm):
+        with timings("reference"):
+            ref_logp, _ = row_logprobs(run, policy, rollouts, mine, longest, reference=True)
+
+    # the algorithm's view of the global batch: [N] per sequence, [N, T] per token
+    lengths = torch.tensor([len(r) for r in rollouts.response_ids], dtype=torch.long)
+    width = max(1, int(lengths.max()))  # T
+    batch = alg.StepBatch(
+        correct=torch.tensor([v == CORRECT for v in rollouts.verdicts]),
+        valid=torch.tensor([v != GOLD_INVALID for v in rollouts.verdicts]),
+        truncated=torch.tensor(rollouts.truncated),
+        in_format=format_rewards(rollouts, run.reward),
+        lengths=lengths,
+        group_ids=torch.arange(len(lengths)) // g,
+        mask=alg.response_mask(lengths),  # [N, T]
+        max_new_tokens=run.max_new_tokens,
+        mini_batches=run.mini_batches,
+        format_weight=run.reward.format_weight,
+        # [N, T], every rank's rows: the entropy-weighted estimators normalise over the whole batch
+        old_entropy=None if old_entropy is None else gather_rows(old_entropy, len(lengths), width),
+    )
+    # shaped rewards [N], advantages [N, T], loss masks and normalisers, the algorithm's metrics
+    prepared = alg.prepare_step(run.algorithm, batch)
+    rollouts.rewards = prepared.rewards.tolist()  # for the samples table (tokenpo.logger.samples)
+    metrics = dict(prepared.metrics)
+
+    # the updates: mini-batch k trains groups [k * per_mini, (k + 1) * per_mini), each in micro-batches
+    means, loss_total = WeightedMeans(), 0.0
+    per_mini = num_groups // run.mini_batches
+    with timings("update"):
+        for mini_batch, lo in enumerate(range(0, num_groups, per_mini)):
+            in_mini = [i for i in mine if lo <= i < lo + per_mini]
+            for micro in group_micro_batches(in_mini, longest, run.micro_batch_size, g):
+                rows = micro.rows  # [b] indices into N
+                tokens = rollouts.tokens(micro, run.pad_token_id, policy.device)
+                out = policy.logprobs(tokens, micro.rows_per_prompt, grad=True, with_entropy=True,
+                                      entropy_grad=alg.needs_entropy_grad(run.algorithm))  # [b, t] each
+                cols = out.logp.shape[1]
+
+                def padded(per_row: dict[int, torch.Tensor]) -> torch.Tensor:  # the rows' [b, t]
+                    return pad_to([per_row[i] for i in rows], cols).to(policy.device)
+
+                loss, loss_metrics = alg.micro_batch_loss(
+                    run.algorithm, prepared, rows, mini_batch, out.logp, out.entropy,
+                    old_logp=padded(old_logp) if old_logp is not None else None,
+                    ref_logp=padded(ref_logp) if ref_logp is not None else None,
+                    sampler_logp=(padded({i: torch.tensor(rollouts.sampler_logprobs[i]) for i in rows})
+                                  if rollouts.sampler_logprobs else None))
+                policy.backward(loss)  # this rank's share of the global mean
+                loss_total += float(loss.detach())
+                real, entropy = tokens.response_mask, out.entropy.detach()  # [b, t]
+                means.add(loss_metrics, float(prepared.loss_mask[rows, :cols].sum()))
+                means.add({"entropy/mean": float((entropy * real).sum() / real.sum().clamp(min=1))}, float(real.sum()))
+                means.add(alg.entropy_by_polarity(entropy, real, batch.correct[rows].to(policy.device)),
+                          float(real.sum()))
+            policy.step()
+    metrics.update(means.reduce())
+    metrics.update(rollout_metrics(rollouts, batch, prepared))
+    metrics["loss"] = sum(dist.all_gather_objects(loss_total)) / run.mini_batches
+    metrics["grad_norm"] = policy.grad_norm()
+    metrics["lr"] = policy.lr()
+    return metrics
+
+
+# --- helpers of the step, in the order it calls them ---
+
+def row_logprobs(run: StepSettings, policy: Policy, rollouts: StepRollouts, groups: list[int], longest: list[int],
+                 *, reference: bool) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+    """Per-row log-probs and entropy ({row: [n_row]} on the CPU) of `groups`, without grad, in the update's
+    micro-batches: the old policy's (with its entropy), or (`reference`) the KL reference's."""
+    logps, entropies = {}, {}
+    for micro in group_micro_batches(groups, longest, run.micro_batch_size, rollouts.group_size):
+        tokens = rollouts.tokens(micro, run.pad_token_id, policy.device)
+        if reference:
+            logp, entropy = policy.reference_logprobs(tokens, micro.rows_per_prompt), None
+        else:
+            out = policy.logprobs(tokens, micro.rows_per_prompt, grad=False, with_entropy=True)
+            logp, entropy = out.logp, out.entropy
+        for k, i in enumerate(micro.rows):
+            n = int(tokens.response_mask[k].sum())
+            logps[i] = logp[k, :n].cpu()
+            if entropy is not None:
+                entropies[i] = entropy[k, :n].cpu()
+    return logps, entropies
+
+
+def gather_rows(local_rows: dict[int, torch.Tensor], num_rows: int, width: int) -> torch.Tensor:
+    """[num_rows, width] from every rank's per-row 1-D tensors, right-padded with zeros: one tensor all_gather of
+    each rank's rows (and one of their indices), not a pickled dict."""
+    indices = sorted(local_rows)
+    rows = dist.all_gather_rows(pad_to([local_rows[i] for i in indices], width))
+    ids = dist.all_gather_rows(torch.tensor(indices, dtype=torch.long).view(-1, 1))
+    out = torch.zeros(num_rows, width, dtype=torch.float32)
+    for part, part_ids in zip(rows, ids):
+        out[part_ids.view(-1)] = part
+    return out
+
+
+class WeightedMeans:
+    """Token-weighted running means of metrics across micro-batches and ranks."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.weights: dict[str, float] = defaultdict(float)
+
+    def add(self, metrics: dict[str, float], weight: float) -> None:
+        for key, value in metrics.items():
+            self.sums[key] += float(value) * weight
+            self.weights[key] += weight
+
+    def reduce(self) -> dict[str, float]:
+        sums, weights = defaultdict(float), defaultdict(float)
+        for part_sums, part_weights in dist.all_gather_objects((dict(self.sums), dict(self.weights))):
+            for key in part_sums:
+                sums[key] += part_sums[key]
+                weights[key] += part_weights[key]
+        return {key: sums[key] / weights[key] for key in sums if weights[key] > 0}
+
+
+def sync_engine(engine: RolloutEngine, policy: Policy) -> None:
+    """After a pass that trained: the blocks torch's caching allocator kept from it handed back to the device (a
+    colocated vLLM wakes into its own pool, outside that allocator; TRL and verl empty the cache there too), then
+    the engine's weights brought to the policy's, which wakes a sleeping engine (weights, load, KV cache)."""
+    torch.cuda.empty_cache()  # does nothing until CUDA is initialised: no-op on CPU
+    engine.sync_weights(policy.engine)
+
+
+def cuda_memory_metrics(device: torch.device) -> dict[str, float]:
+    """Peak CUDA memory so far (the worst-case pass included): what torch's tensors took, and what its caching
+    allocator held; none on CPU."""
+    if device.type != "cuda":
+        return {}
+    return {"memory/cuda_peak_allocated_bytes": float(torch.cuda.max_memory_allocated(device)),
+            "memory/cuda_peak_reserved_bytes": float(torch.cuda.max_memory_reserved(device))}
