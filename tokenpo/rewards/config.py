@@ -63,7 +63,7 @@ class RewardConfig:
         "ones (math-verify's own 6-place rounding is a learnable hack).",
         finite=True, ge=0)
     num_workers: int = setting(2,
-        "Worker processes that score while the next batch generates (default 2); processes because the timeout timer "
+        "Worker processes that score a batch's responses in parallel (default 2); processes because the timeout timer "
         "needs a main thread and a stuck one must be killed.",
         ge=1, requirement="an integer >= 1")
     worker_max_items: int | None = setting(1000,
