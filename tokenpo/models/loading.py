@@ -19,9 +19,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from tokenpo.models.config import ModelConfig
-from tokenpo.models.locate import locate_weights, tokenizer_model_config
-from tokenpo.models.tiny_tokenizer import build_tiny_tokenizer
+from tokenpo.models.locate import locate_weights
 from tokenpo.models.lora import wrap_lora
+from tokenpo.models.tokenizers import load_tokenizer, tiny_tokenizer
 
 if TYPE_CHECKING:  # importing DeepSpeed is slow; only ZeRO-3 runs, which import it anyway, pass one
     from tokenpo.deepspeed.engine import PartitionedLoading
@@ -60,27 +60,6 @@ def resolve_pretrained_dir(cfg: ModelConfig) -> str:
     """Folder or hub id that `from_pretrained` should read for this config."""
     kind, where = locate_weights(cfg)
     return str(_converted_dir(cfg, where) if kind == "gguf" else where)
-
-
-def load_tokenizer(cfg: ModelConfig, tokenizer_source: str):
-    return for_generation(AutoTokenizer.from_pretrained(tokenizer_source, trust_remote_code=cfg.trust_remote_code))
-
-
-def for_generation(tokenizer):
-    """`tokenizer` padding prompts on the left, with a pad token."""
-    # left padding: generation appends to the right end of every prompt
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def tiny_tokenizer(cfg: ModelConfig):
-    """The tiny model's tokenizer: its built-in byte tokenizer, or the one of the model named by tokenizer_from."""
-    source = tokenizer_model_config(cfg)
-    if source is None:
-        return for_generation(build_tiny_tokenizer())
-    return load_tokenizer(source, resolve_pretrained_dir(source))
 
 
 def build_tiny_model(cfg: ModelConfig, vocab_size: int, seed: int) -> LlamaForCausalLM:

@@ -52,17 +52,13 @@ def longest_prompt(examples: list[Example], tokenizer, data_cfg) -> int:
 
 def run_tokenizer(cfg: TrainConfig):
     """The policy's tokenizer, as tokenpo.models.loading.load_model loads it, without its weights, for counting
-    prompt tokens. The tiny model's built-in byte tokenizer is built without importing tokenpo.models.loading,
-    whose torch and transformers model code take seconds (most of a refused start-up's time); loading's padding
-    settings (for_generation) change no token count."""
-    if cfg.model.source == "tiny" and cfg.model.tokenizer_from is None:
-        from tokenpo.models.tiny_tokenizer import build_tiny_tokenizer
-
-        return build_tiny_tokenizer()
-    from tokenpo.models.loading import load_tokenizer, resolve_pretrained_dir, tiny_tokenizer
+    prompt tokens (the tiny model's byte tokenizer without importing torch or transformers' model code)."""
+    from tokenpo.models.tokenizers import load_tokenizer, tiny_tokenizer
 
     if cfg.model.source == "tiny":
         return tiny_tokenizer(cfg.model)
+    from tokenpo.models.loading import resolve_pretrained_dir
+
     return load_tokenizer(cfg.model, resolve_pretrained_dir(cfg.model))
 
 
