@@ -16,9 +16,10 @@ __getattr__, __all__ = lazy_exports(__name__, {
                "needs_reference"),
     "dynamic_sampling": ("partial_batch_size", "prompts_per_round", "select_mixed_groups"),
     "kl": ("ENTROPY_REFERENCES", "KL_ESTIMATORS", "KL_MASKS", "kl_mask_entropy_reference", "kl_penalty"),
-    "losses": ("clipped_surrogate", "entropy_bonus", "policy_loss"),
+    "losses": ("entropy_bonus", "policy_loss"),
     "metrics": ("entropy_by_polarity", "mean_by_polarity"),
     "ratios": ("RATIOS", "importance_ratio"),
     "shaping": ("shape_rewards",),
+    "surrogates": ("SURROGATES", "SurrogateInputs", "SurrogateTerm", "clipped_surrogate"),
     "step": ("StepBatch", "StepTensors", "micro_batch_loss", "prepare_step", "response_mask"),
 })

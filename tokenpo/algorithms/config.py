@@ -16,6 +16,7 @@ from tokenpo.algorithms.aggregation import AGGREGATIONS
 from tokenpo.algorithms.dynamic_sampling import ON_EXHAUSTED
 from tokenpo.algorithms.kl import ENTROPY_REFERENCES, KL_ESTIMATORS, KL_MASKS, KL_TARGETS
 from tokenpo.algorithms.ratios import RATIOS
+from tokenpo.algorithms.surrogates import SURROGATES
 from tokenpo.schema import build, check_fields, must_be, non_empty, require, section, setting
 
 ROOT = "algorithm"
@@ -90,6 +91,9 @@ class RatioConfig:
 
 @dataclass
 class LossConfig:
+    surrogate: str = setting("clipped",
+        "per-token policy-gradient term (tokenpo/algorithms/surrogates.py): clipped (PPO/GRPO/DAPO clip); GRPO: clipped",
+        choices=SURROGATES.names)
     clip_low: float = setting(0.2,
         "ε_low: the ratio is clipped below at 1 − ε_low; GRPO gives none; 0.2 is the convention", ge=0, lt=1)
     clip_high: float = setting(0.2, "ε_high: the ratio is clipped above at 1 + ε_high; symmetric 0.2 in GRPO", ge=0)
@@ -148,7 +152,7 @@ class AlgorithmConfig:
         "length-based reward shaping and filtering of responses")
     advantage: AdvantageConfig = section(AdvantageConfig, "per-token advantage")
     ratio: RatioConfig = section(RatioConfig, "importance ratio")
-    loss: LossConfig = section(LossConfig, "clipped surrogate and KL terms")
+    loss: LossConfig = section(LossConfig, "policy-gradient surrogate and KL terms")
     aggregation: str = setting("seq-mean-token-mean",
         "token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm; GRPO: seq-mean-token-mean",
         choices=AGGREGATIONS.names)

@@ -1,4 +1,4 @@
-"""Policy loss: clipped surrogate on the configured ratio, optional KL, TEPO masked KL and entropy bonus,
+"""Policy loss: the configured surrogate (tokenpo.algorithms.surrogates) on the configured ratio, optional KL, TEPO masked KL and entropy bonus,
 aggregated by the configured mode."""
 
 from __future__ import annotations
@@ -12,48 +12,10 @@ from tokenpo.algorithms.kl import KL_MASKS, kl_penalty
 from tokenpo.algorithms.masked import masked_mean
 from tokenpo.algorithms.ratios import importance_ratio
 from tokenpo.algorithms.rollout_correction import sampler_mismatch, truncated_importance_weight
+from tokenpo.algorithms.surrogates import SURROGATES, SurrogateInputs
 
 if TYPE_CHECKING:
     from tokenpo.algorithms.config import AlgorithmConfig
-
-
-def clipped_surrogate(
-    ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None = None,
-) -> torch.Tensor:
-    """[B, T] L = max(−A·w, −A·clip(w, 1 − ε_low, 1 + ε_high)); with dual clip c and A < 0,
-    min(L, −A·c) bounds the loss of a negative token whose ratio exploded.
-
-    The clipped term of the GRPO objective (DeepSeekMath arXiv 2402.03300 §4.1.1), with DAPO's decoupled
-    ε_low / ε_high (clip-higher, arXiv 2503.14476 §3.1); dual clip from dual-clip PPO (Ye et al., 2020).
-    """
-    loss = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - clip_low, 1 + clip_high))
-    if dual_clip is None:
-        return loss
-    return torch.where(advantages < 0, torch.minimum(loss, -advantages * dual_clip), loss)
-
-
-def clip_fractions(
-    ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-) -> dict[str, torch.Tensor]:
-    """Fractions of real tokens whose gradient a clip cuts: low (A < 0, w < 1 − ε_low),
-    high (A > 0, w > 1 + ε_high), dual (A < 0, w > c)."""
-    ratio = ratio.detach()
-    fractions = {
-        "clip/low_frac": masked_mean(((advantages < 0) & (ratio < 1 - clip_low)).to(mask.dtype), mask),
-        "clip/high_frac": masked_mean(((advantages > 0) & (ratio > 1 + clip_high)).to(mask.dtype), mask),
-    }
-    if dual_clip is not None:
-        fractions["clip/dual_frac"] = masked_mean(((advantages < 0) & (ratio > dual_clip)).to(mask.dtype), mask)
-    return fractions
 
 
 def _kl_anchor(target: str, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, key: str) -> torch.Tensor:
@@ -97,8 +59,8 @@ def policy_loss(
     loss_cfg = cfg.loss
     old_logp, advantages = old_logp.detach(), advantages.detach()
     ratio = importance_ratio(cfg.ratio.kind, logp, old_logp, mask)
-    pg_tok = clipped_surrogate(ratio, advantages, loss_cfg.clip_low, loss_cfg.clip_high, loss_cfg.dual_clip)
-    metrics = clip_fractions(ratio, advantages, mask, loss_cfg.clip_low, loss_cfg.clip_high, loss_cfg.dual_clip)
+    surrogate = SURROGATES.get(loss_cfg.surrogate)(SurrogateInputs(logp, old_logp, ratio, advantages, mask, loss_cfg))
+    pg_tok, metrics = surrogate.loss_tok, dict(surrogate.metrics)
     metrics["kl/old"] = masked_mean(kl_penalty(logp.detach(), old_logp, "k3"), mask)
     if ref_logp is not None:
         ref_logp = ref_logp.detach()
