@@ -40,10 +40,10 @@ VERDICTS = [[CORRECT, WRONG], [WRONG, CORRECT], [CORRECT, CORRECT], [WRONG, CORR
 SAMPLE_PROMPTS = [[1, 2, 3, 4], [5, 6, 7]]
 
 
-def update_overrides(stage: str, micro: str) -> list[str]:
+def update_overrides(stage: str, micro: str, algorithm: str = "grpo") -> list[str]:
     """8 groups in 2 mini-batches (the second one is off-policy, so ratio clipping and the KL term act),
     gradient clipping active, and a learning rate that moves the weights far above float noise."""
-    return SMALL + [f"deepspeed={stage}", f"data.prompts_per_step={GROUPS}", f"rollout.group_size={GROUP_SIZE}",
+    return SMALL + [f"algorithm={algorithm}", f"deepspeed={stage}", f"data.prompts_per_step={GROUPS}", f"rollout.group_size={GROUP_SIZE}",
                     "trainer.mini_batches=2", "trainer.max_grad_norm=0.5", "trainer.lr=1e-3",
                     "trainer.warmup_steps=0", f"trainer.micro_batch_size={MICRO[micro]}"]
 
@@ -69,8 +69,9 @@ def is_sharded(module) -> bool:
     return all(hasattr(p, "ds_numel") for p in params) and held < sum(p.ds_numel for p in params)
 
 
-def one_update(stage: str, micro: str, out: Path) -> None:
-    cfg, _ = compose_config(update_overrides(stage, micro))
+def one_update(stage: str, micro: str, out: Path, algorithm: str = "grpo") -> None:
+    """`algorithm`'s update under `stage` on 2 ranks: the policy exported to out/<stage>-<micro>/, the report beside it."""
+    cfg, _ = compose_config(update_overrides(stage, micro, algorithm))
     sizes = dict(micro_batch_size=cfg.trainer.micro_batch_size, max_grad_norm=cfg.trainer.max_grad_norm,
                  world_size=dist.world_size())
     partitioned = partitioned_loading(cfg.deepspeed, **sizes)

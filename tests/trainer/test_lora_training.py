@@ -125,7 +125,7 @@ def test_final_holds_the_merged_model_and_the_adapter(runs, capsys):
 
 
 
-ALGORITHMS = ("grpo", "dapo", "tepo", "gtpo", "grpo_s", "dr_grpo", "gspo")
+ALGORITHMS = ALGORITHM_NAMES  # every conf/algorithm/*.yaml
 
 
 @pytest.fixture(scope="module")

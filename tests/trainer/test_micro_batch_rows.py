@@ -20,7 +20,7 @@ from tokenpo.trainer.policy import Policy, PolicySettings
 from tokenpo.trainer.step import StepSettings, update_policy
 from tokenpo.trainer.timings import Timings
 
-ALGORITHMS = ("grpo", "dapo", "tepo", "gtpo", "grpo_s", "dr_grpo", "gspo")
+ALGORITHMS = ALGORITHM_NAMES  # every conf/algorithm/*.yaml
 GROUPS, GROUP_SIZE, MAX_NEW = 4, 4, 8
 # every group mixed, so every row has a non-zero advantage
 VERDICTS = [[CORRECT, WRONG, WRONG, CORRECT], [WRONG, CORRECT, WRONG, WRONG], [CORRECT, CORRECT, WRONG, CORRECT],
