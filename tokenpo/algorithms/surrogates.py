@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tokenpo.algorithms.masked import masked_mean
+from tokenpo.algorithms.masked import masked_mean, sequence_mean
+from tokenpo.algorithms.ratios import exp_clamped, per_token
 from tokenpo.registry import Registry
 
 # torch for annotations only: a config validates against this registry before torch is imported
@@ -88,3 +89,108 @@ def clipped(inputs: SurrogateInputs) -> SurrogateTerm:
     return SurrogateTerm(
         clipped_surrogate(inputs.ratio, inputs.advantages, loss.clip_low, loss.clip_high, loss.dual_clip),
         clip_fractions(inputs.ratio, inputs.advantages, inputs.mask, loss.clip_low, loss.clip_high, loss.dual_clip))
+
+
+
+def cispo_weight(ratio: torch.Tensor, clip_low: float | None, clip_high: float) -> torch.Tensor:
+    """[B, T] ŵ = sg(clip(r, 1 − ε_low^IS, 1 + ε_high^IS)); clip_low None: no lower bound (the paper's choice)."""
+    return ratio.detach().clamp(None if clip_low is None else 1 - clip_low, 1 + clip_high)
+
+
+def cispo_surrogate(weight: torch.Tensor, logp: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """[B, T] L = −ŵ·A·log π_θ with ŵ detached (`cispo_weight`): REINFORCE weighted by the clipped IS weight, so
+    the gradient −ŵ·A·∇log π reaches every token, none is dropped by the clip.
+
+    CISPO, MiniMax-M1 arXiv 2506.13585 §3.1 (the J_CISPO objective).
+    """
+    return -weight * advantages * logp
+
+
+@SURROGATES.register("cispo")
+def cispo(inputs: SurrogateInputs) -> SurrogateTerm:
+    """CISPO on the ratio of algorithm.ratio.kind (the paper's: token). Reproduces the paper with `token-mean`
+    (J_CISPO's 1/Σ_i|o_i|). Metrics: fraction of real tokens whose weight the clip changed, mean weight ŵ."""
+    loss = inputs.loss
+    weight = cispo_weight(inputs.ratio, loss.cispo_clip_low, loss.cispo_clip_high)
+    clipped = (weight != inputs.ratio.detach()).to(inputs.mask.dtype)
+    return SurrogateTerm(
+        cispo_surrogate(weight, inputs.logp, inputs.advantages),
+        {"cispo/clipped_frac": masked_mean(clipped, inputs.mask), "cispo/weight_mean": masked_mean(weight, inputs.mask)})
+
+
+def gmpo_clipped_log_ratio(
+    log_ratio: torch.Tensor, sign: torch.Tensor, clip_low: float, clip_high: float,
+) -> torch.Tensor:
+    """[B, T] sgn(A)·min(sgn(A)·log r_t, sgn(A)·clip(log r_t, −ε_l, ε_h)): the token clip of GMPO in log space,
+    one-sided by the sign of the sequence's advantage (A > 0 caps log r at ε_h, A < 0 floors it at −ε_l).
+
+    GMPO arXiv 2507.20673, the J_GMPO objective (clip range (e^−ε_l, e^ε_h), paper: e^±0.4).
+    """
+    return sign * (sign * log_ratio).minimum(sign * log_ratio.clamp(-clip_low, clip_high))
+
+
+def gmpo_sequence_ratio(clipped_log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B] ρ_i = exp(mean_t clipped log r_t) = (Π_t clipped r_t)^(1/|o_i|): the geometric mean of the token ratios
+    (GMPO arXiv 2507.20673, J_GMPO); the log-mean is clamped like every ratio before exp."""
+    return exp_clamped(sequence_mean(clipped_log_ratio, mask))
+
+
+@SURROGATES.register("gmpo", own_ratio=True)
+def gmpo(inputs: SurrogateInputs) -> SurrogateTerm:
+    """GMPO: L_i = −A_i·ρ_i (`gmpo_sequence_ratio`), written on every token of response i, so that
+    `seq-mean-token-mean` (the row's token mean is L_i, then the mean over responses) reproduces the paper's
+    1/G Σ_i; the gradient of token t is −A_i·ρ_i/|o_i|·∇log π_t where its log ratio is not clipped.
+
+    A_i is the mean of the row's advantages (the GRPO advantage is constant on a row); the per-token log ratio is
+    log π_θ − log π_old, GMPO's own: it reads no algorithm.ratio.kind, which the schema requires to be token.
+    Metrics: fractions of real tokens whose gradient the clip cuts (high: A > 0 and log r > ε_h; low: A < 0 and
+    log r < −ε_l) and the mean ρ_i over the responses.
+    """
+    loss = inputs.loss
+    advantage = sequence_mean(inputs.advantages, inputs.mask)
+    sign = per_token(advantage.sign(), inputs.logp)
+    log_ratio = inputs.logp - inputs.old_logp
+    ratio = gmpo_sequence_ratio(gmpo_clipped_log_ratio(log_ratio, sign, loss.gmpo_clip_low, loss.gmpo_clip_high),
+                                inputs.mask)
+    log_ratio, mask = log_ratio.detach(), inputs.mask
+    responses = (mask.sum(-1) > 0).to(mask.dtype)
+    return SurrogateTerm(
+        per_token(-advantage * ratio, inputs.logp),
+        {"gmpo/clip_high_frac": masked_mean(((sign > 0) & (log_ratio > loss.gmpo_clip_high)).to(mask.dtype), mask),
+         "gmpo/clip_low_frac": masked_mean(((sign < 0) & (log_ratio < -loss.gmpo_clip_low)).to(mask.dtype), mask),
+         "gmpo/ratio_mean": (ratio.detach() * responses).sum() / responses.sum().clamp_min(1.0)})
+
+
+def sapo_temperature(advantages: torch.Tensor, tau_pos: float, tau_neg: float) -> torch.Tensor:
+    """[B, T] τ_t: τ_pos where A > 0, τ_neg otherwise (SAPO arXiv 2511.20347: τ_neg > τ_pos damps negative updates
+    faster)."""
+    return tau_neg + (tau_pos - tau_neg) * (advantages > 0).to(advantages.dtype)
+
+
+def sapo_gate(ratio: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """[B, T] f(r) = σ(τ·(r − 1))·4/τ: the soft gate replacing the clip (SAPO arXiv 2511.20347, the J_SAPO
+    objective). f'(1) = 1, so at r = 1 the gradient is the plain policy gradient whatever τ."""
+    return (tau * (ratio - 1)).sigmoid() * (4 / tau)
+
+
+def sapo_gradient_weight(ratio: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """[B, T] r·f'(r) = r·4σ(τ(r − 1))(1 − σ(τ(r − 1))): the weight of −A·∇log π in the gradient of −f(r)·A."""
+    gate = (tau * (ratio - 1)).sigmoid()
+    return ratio * 4 * gate * (1 - gate)
+
+
+@SURROGATES.register("sapo")
+def sapo(inputs: SurrogateInputs) -> SurrogateTerm:
+    """SAPO: L = −f(r)·A (`sapo_gate`) on the ratio of algorithm.ratio.kind (the paper's: token); reproduces the paper
+    with `seq-mean-token-mean`. Metrics: mean gate f(r) and mean gradient weight r·f'(r), overall and per polarity
+    (pos: A > 0, neg: A < 0; 0 for a polarity without tokens)."""
+    loss, mask, advantages = inputs.loss, inputs.mask, inputs.advantages
+    tau = sapo_temperature(advantages, loss.sapo_tau_pos, loss.sapo_tau_neg)
+    ratio = inputs.ratio.detach()
+    gradient_weight = sapo_gradient_weight(ratio, tau)
+    return SurrogateTerm(
+        -sapo_gate(inputs.ratio, tau) * advantages,
+        {"sapo/gate_mean": masked_mean(sapo_gate(ratio, tau), mask),
+         "sapo/grad_weight_mean": masked_mean(gradient_weight, mask),
+         "sapo/grad_weight_pos": masked_mean(gradient_weight, mask * (advantages > 0).to(mask.dtype)),
+         "sapo/grad_weight_neg": masked_mean(gradient_weight, mask * (advantages < 0).to(mask.dtype))})
