@@ -70,6 +70,12 @@ def build_multirun(root):
 
 
 @pytest.fixture
+def run_writer():
+    """write_run, for test modules that lay out runs of their own (test files cannot import conftest by name)."""
+    return write_run
+
+
+@pytest.fixture
 def multirun(tmp_path):
     return build_multirun(tmp_path / "multirun")
 

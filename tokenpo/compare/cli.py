@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from tokenpo.compare.plots import EVAL_KEY, FIGURES, TIME_KEY, TOKENS_KEY, plot_all
+from tokenpo.compare.curves import compare_curves
+from tokenpo.compare.plots import EVAL_KEY, FIGURES, TIME_KEY, TOKENS_KEY, X_KEYS, plot_all
 from tokenpo.compare.runs import (
     discover_run_dirs, environment_lines, find_group, group_runs, load_run, missing_metric_notes,
 )
@@ -55,6 +56,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="equivalence margin in the target metric's units, named before the runs (e.g. 0.05): a group is "
         "'equivalent' to the baseline when the 95%% interval of the difference lies inside ±M",
     )
+    parser.add_argument(
+        "--fit-curves", action="store_true",
+        help="also fit ScaleRL's saturating curve R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) (arXiv 2510.13786, "
+        "Eq. 1) to each run's --fit-metric against --compute, with per-group t-intervals over seeds, the C_mid ratio "
+        "to --baseline and the compute to --target (curves.md, curves.csv, curve_fits.csv, curves_vs_<compute>.png)",
+    )
+    parser.add_argument(
+        "--compute", choices=sorted(X_KEYS),
+        help=f"compute axis of the fits: tokens = {TOKENS_KEY}, time = {TIME_KEY} (default: tokens; needs --fit-curves)",
+    )
+    parser.add_argument(
+        "--fit-from", type=float, metavar="C",
+        help="fit only points with compute > C, in --compute units; ScaleRL leaves out its first ~1.5k GPU-hours "
+        "(Sec. 2.1), which has no tokens equivalent (default: 0, every point; needs --fit-curves)",
+    )
+    parser.add_argument(
+        "--fit-metric", action="append", metavar="KEY",
+        help="metric to fit, a rate in [0, 1], one figure panel each; repeatable (default: --target-metric; "
+        "needs --fit-curves)",
+    )
     parser.add_argument("--no-figures", action="store_true",
                         help="tables only (e.g. a second target metric of runs whose figures are written already)")
     parser.add_argument("--wandb", action="store_true", help="also log figures and table to one W&B run (honours WANDB_MODE)")
@@ -64,6 +85,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--margin must be > 0 (in the units of {args.target_metric}), got {args.margin:g}")
     if args.margin is not None and not args.baseline:
         parser.error("--margin needs --baseline: the margin is on the difference to the baseline")
+    fit_options = [name for name, value in (("--compute", args.compute), ("--fit-from", args.fit_from),
+                                            ("--fit-metric", args.fit_metric)) if value is not None]
+    if fit_options and not args.fit_curves:
+        parser.error(f"{fit_options[0]} needs --fit-curves")
+    if args.fit_from is not None and not args.fit_from >= 0:
+        parser.error(f"--fit-from must be >= 0 (in --compute units), got {args.fit_from:g}")
     return args
 
 
@@ -106,6 +133,14 @@ def compare(args: argparse.Namespace) -> None:
     )
     (out_dir / "summary.md").write_text(report)
     print(report, end="")
+    if args.fit_curves:
+        curves, curve_files = compare_curves(
+            groups, args.fit_metric or [args.target_metric], args.compute or "tokens", args.fit_from or 0.0, baseline,
+            args.target_metric, args.target, args.band, out_dir, not args.no_figures,
+        )
+        print(f"\n## Curve fits\n\n{curves}", end="")
+        figures += [path for path in curve_files if path.suffix == ".png"]
+        written += ", " + ", ".join(path.name for path in curve_files)
     print(f"wrote {len(figures)} figures, {written} to {out_dir}")
     if args.wandb:
         log_comparison(figures, summaries, args.wandb_project, args.inputs[0].resolve().name)
