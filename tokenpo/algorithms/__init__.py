@@ -10,11 +10,13 @@ from tokenpo.lazy import lazy_exports
 
 # imported when first used: the config schema validates a run without torch
 __getattr__, __all__ = lazy_exports(__name__, {
-    "advantages": ("ADVANTAGES", "group_advantages", "token_advantages"),
+    "advantages": ("ADVANTAGES", "entropy_shaped_advantages", "group_advantages", "token_advantages"),
     "aggregation": ("AGGREGATIONS", "LossNorm", "aggregate"),
     "config": ("AlgorithmConfig", "algorithm_config_from_dict", "needs_entropy", "needs_entropy_grad",
                "needs_reference"),
     "dynamic_sampling": ("partial_batch_size", "prompts_per_round", "select_mixed_groups"),
+    "entropy_control": ("ENTROPY_CONTROLS", "EntropyCoef", "adaptive_entropy_coef", "next_entropy_coef",
+                        "step_entropy_coef"),
     "kl": ("ENTROPY_REFERENCES", "KL_ESTIMATORS", "KL_MASKS", "kl_mask_entropy_reference", "kl_penalty"),
     "losses": ("entropy_bonus", "policy_loss"),
     "metrics": ("entropy_by_polarity", "mean_by_polarity"),

@@ -195,6 +195,14 @@ def token_weights(mask: Tensor) -> Tensor:
     return mask
 
 
+def entropy_shaped_advantages(advantages: Tensor, entropy: Tensor, alpha: float, kappa: float) -> Tensor:
+    """[B, T] A + ψ(H), ψ(H) = min(α · sg(H), |A| / κ): the entropy-based advantage of Cheng et al. ("Reasoning
+    with Exploration: An Entropy Perspective", arXiv 2506.14758, entropy-based advantage shaping). ψ ≥ 0 rewards
+    uncertain tokens; the |A|/κ cap (κ > 1) keeps A's sign (a negative A stays in [A, A + |A|/κ]) and gives A = 0
+    (padding, a zero-variance group) no term. H is detached: ψ only weights the policy gradient."""
+    return advantages + (alpha * entropy.detach()).minimum(advantages.abs() / kappa)
+
+
 def token_advantages(
     cfg: AlgorithmConfig,
     rewards: Tensor,
@@ -203,16 +211,18 @@ def token_advantages(
     mask: Tensor,
     entropy: Tensor | None = None,
 ) -> Tensor:
-    """[B, T] advantages from the estimator named by `cfg.advantage.estimator` (0 on padding)."""
-    name = cfg.advantage.estimator
+    """[B, T] advantages from the estimator named by `cfg.advantage.estimator` (0 on padding), plus the
+    entropy-based term when `cfg.advantage.entropy_bonus_alpha` > 0."""
+    adv_cfg = cfg.advantage
+    name = adv_cfg.estimator
     estimator = ADVANTAGES.get(name)
-    if entropy is None and ADVANTAGES.trait(name, "needs_entropy"):
-        raise ValueError(f"advantage estimator {name!r} needs the old policy's per-token entropy; got entropy=None")
-    return estimator(
-        cfg.advantage,
-        rewards.detach().to(mask.dtype),
-        correct.bool(),
-        dense_group_index(group_ids),
-        mask,
-        None if entropy is None else entropy.detach().to(mask.dtype),
-    )
+    if entropy is None and (ADVANTAGES.trait(name, "needs_entropy") or adv_cfg.entropy_bonus_alpha > 0):
+        raise ValueError(f"advantage estimator {name!r} (entropy_bonus_alpha={adv_cfg.entropy_bonus_alpha}) needs the "
+                         "old policy's per-token entropy; got entropy=None")
+    entropy = None if entropy is None else entropy.detach().to(mask.dtype)
+    advantages = estimator(adv_cfg, rewards.detach().to(mask.dtype), correct.bool(), dense_group_index(group_ids),
+                           mask, entropy)
+    if adv_cfg.entropy_bonus_alpha > 0:
+        advantages = entropy_shaped_advantages(advantages, entropy, adv_cfg.entropy_bonus_alpha,
+                                               adv_cfg.entropy_bonus_kappa) * mask
+    return advantages

@@ -14,6 +14,7 @@ from typing import Any
 from tokenpo.algorithms.advantages import ADVANTAGES, GTPO_NORMS, SCALES, SCOPES, STATS_WEIGHTS
 from tokenpo.algorithms.aggregation import AGGREGATIONS
 from tokenpo.algorithms.dynamic_sampling import ON_EXHAUSTED
+from tokenpo.algorithms.entropy_control import ENTROPY_CONTROLS
 from tokenpo.algorithms.kl import ENTROPY_REFERENCES, KL_ESTIMATORS, KL_MASKS, KL_TARGETS
 from tokenpo.algorithms.ratios import RATIOS
 from tokenpo.algorithms.surrogates import SURROGATES
@@ -75,6 +76,13 @@ class AdvantageConfig:
     stats_weight: str = setting("sequence",
         "GTPO Eq. 6 statistics count each response once (sequence) or each token (token) (gtpo only); sequence keeps "
         "the α2 = 0 → DAPO reduction exact", choices=STATS_WEIGHTS.names)
+    entropy_bonus_alpha: float = setting(0.0,
+        "entropy-based advantage α: every token's advantage A (any estimator) gets + min(α·H, |A|/κ), H the rollout "
+        "policy's token entropy, detached (0 = off; Cheng et al. arXiv 2506.14758, entropy-based advantage shaping: "
+        "0.4 with GRPO, 0.1 with PPO)", ge=0)
+    entropy_bonus_kappa: float = setting(2.0,
+        "entropy-based advantage κ > 1: the term is at most |A|/κ, so it never flips A's sign (Cheng et al. arXiv "
+        "2506.14758: 2; read only with entropy_bonus_alpha > 0)", gt=1)
 
     def validate(self, path: str) -> None:
         check_fields(self, path)
@@ -134,6 +142,20 @@ class LossConfig:
         "entropy bonus c: loss −= c · current entropy, aggregated like the loss (0 = off, no entropy gradient kept; "
         "verl entropy_coeff, cleanrl ent_coef, PPO arXiv 1707.06347 Eq. 9 c2; none of our papers: 0; < 0 minimises "
         "entropy)", finite=True)
+    entropy_control: str = setting("fixed",
+        "entropy bonus coefficient: fixed (entropy_coef every step) | adaptive (Skywork-OR1 arXiv 2505.22312 adaptive "
+        "entropy control: c starts at entropy_coef and moves ±entropy_coef_step after each step to hold the step's "
+        "entropy/mean near entropy_target, clipped to [0, entropy_coef_max], the bonus on only while below target); "
+        "GRPO: fixed", choices=ENTROPY_CONTROLS)
+    entropy_target: float = setting(0.2,
+        "adaptive control's target entropy H* (tgt-ent; nats per token, the step's entropy/mean; Skywork-OR1 "
+        "scripts TGT_ENTROPY: 0.2, for DeepSeek-R1-Distill models; read only with entropy_control=adaptive)", gt=0)
+    entropy_coef_step: float = setting(1e-4,
+        "adaptive control's step Δ of the coefficient per training step (loss units; Skywork-OR1 scripts "
+        "DELTA_ENT_COEF: 1e-4; read only with entropy_control=adaptive)", gt=0)
+    entropy_coef_max: float = setting(5e-3,
+        "adaptive control's upper clip c_max of the coefficient (loss units; Skywork-OR1 scripts MAX_ENT_COEF: 5e-3, "
+        "lower clip 0; read only with entropy_control=adaptive)", gt=0)
     tis_cap: float | None = setting(None,
         "TIS cap C: weight each token's policy-gradient loss by min(π_train/π_sampler, C), the rollout engine's "
         'log-probs as π_sampler (null = off; Yao et al. 2025 "Your Efficient RL Framework Secretly Brings You '
@@ -141,6 +163,11 @@ class LossConfig:
 
     def validate(self, path: str) -> None:
         check_fields(self, path)
+        if self.entropy_control == "adaptive":
+            # c_0 = entropy_coef starts inside the range the controller clips to
+            require(0 <= self.entropy_coef <= self.entropy_coef_max,
+                    must_be(f"{path}.entropy_coef", f"in [0, {path}.entropy_coef_max ({self.entropy_coef_max})] with "
+                            f"{path}.entropy_control=adaptive (the initial coefficient)", self.entropy_coef))
 
 
 @dataclass
@@ -203,13 +230,15 @@ def needs_reference(cfg: AlgorithmConfig) -> bool:
 
 
 def needs_entropy(cfg: AlgorithmConfig) -> bool:
-    """Whether the old policy's per-token entropy must be kept for the advantage or the KL mask."""
-    return bool(ADVANTAGES.trait(cfg.advantage.estimator, "needs_entropy")) or (
+    """Whether the old policy's per-token entropy must be kept for the advantage (its estimator, or the
+    entropy-based advantage term) or the KL mask."""
+    return bool(ADVANTAGES.trait(cfg.advantage.estimator, "needs_entropy")) or cfg.advantage.entropy_bonus_alpha > 0 or (
         cfg.loss.kl_mask_coef > 0 and bool(KL_MASKS.trait(cfg.loss.kl_mask, "needs_entropy"))
     )
 
 
 def needs_entropy_grad(cfg: AlgorithmConfig) -> bool:
     """Whether the loss differentiates the current policy's entropy (an entropy bonus), i.e. whether the
-    update pass must keep the entropy's graph; without it the entropy is computed detached, at no extra cost."""
-    return cfg.loss.entropy_coef != 0
+    update pass must keep the entropy's graph; without it the entropy is computed detached, at no extra cost. Under
+    adaptive control always: its coefficient can leave 0 at any step (entropy_coef_max > 0)."""
+    return cfg.loss.entropy_control == "adaptive" or cfg.loss.entropy_coef != 0

@@ -45,6 +45,7 @@ def policy_loss(
     entropy: torch.Tensor | None = None,
     entropy_reference: torch.Tensor | None = None,
     sampler_logp: torch.Tensor | None = None,
+    entropy_coef: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Scalar loss of one micro-batch (its share of the step; sum over micro-batches) and metrics.
 
@@ -54,6 +55,8 @@ def policy_loss(
     entropy_reference: [B, T] from `kl_mask_entropy_reference`, needed only by a KL mask.
     sampler_logp: [B, T] the rollout engine's log-probs of the sampled tokens, where it returns them: the
     sampler/trainer mismatch is logged, and `loss.tis_cap` weights the policy-gradient term by TIS.
+    entropy_coef: the entropy bonus's coefficient this step (None: `loss.entropy_coef`; adaptive entropy control
+    passes its own, the config stays frozen).
     Metrics are this micro-batch's own means (average them over micro-batches).
     """
     loss_cfg = cfg.loss
@@ -89,12 +92,13 @@ def policy_loss(
     local_norm = LossNorm.from_mask(mask, norm.max_len)
     metrics["loss/pg"] = aggregate(pg_tok.detach(), mask, cfg.aggregation, local_norm)
     metrics["loss/kl"] = aggregate(kl_tok.detach(), mask, cfg.aggregation, local_norm)
-    if loss_cfg.entropy_coef:
+    entropy_coef = loss_cfg.entropy_coef if entropy_coef is None else entropy_coef
+    if entropy_coef:
         if entropy is None or not entropy.requires_grad:
             raise ValueError("algorithm.loss.entropy_coef needs the current entropy with its gradient; got "
                              f"{'None' if entropy is None else 'a detached tensor'}")
         # a separate aggregate: with the coefficient at 0 the loss is the same sum as without the option
-        bonus_tok = entropy_bonus(entropy, loss_cfg.entropy_coef)
+        bonus_tok = entropy_bonus(entropy, entropy_coef)
         loss = loss + aggregate(bonus_tok, mask, cfg.aggregation, norm)
         metrics["loss/entropy"] = aggregate(bonus_tok.detach(), mask, cfg.aggregation, local_norm)
     values = torch.stack([value.detach().float() for value in metrics.values()]).tolist()  # one transfer

@@ -39,6 +39,7 @@ class StepBatch:
     mini_batches: int  # optimiser updates per step, over consecutive equal shares of the groups
     format_weight: float = 0.0  # reward added per in-format answer (reward.format_weight)
     old_entropy: Tensor | None = None  # [N, T] the rollout policy's token entropy; given when needs_entropy
+    entropy_coef: float | None = None  # the entropy bonus's coefficient this step (None: algorithm.loss.entropy_coef)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class StepTensors:
     entropy_reference: Tensor | None  # [N, T] what a KL mask compares the current entropy with
     loss_norms: tuple[LossNorm, ...]  # the global denominators of each mini-batch
     metrics: dict[str, float]  # reward shaping's metrics
+    entropy_coef: float  # the entropy bonus's coefficient this step (fixed, or adaptive entropy control's)
 
 
 def response_mask(lengths: Tensor) -> Tensor:
@@ -80,7 +82,8 @@ def prepare_step(cfg: AlgorithmConfig, batch: StepBatch) -> StepTensors:
         entropy_reference = kl_mask_entropy_reference(cfg, batch.old_entropy, batch.mask, batch.group_ids)
     advantages = token_advantages(cfg, rewards, batch.correct, batch.group_ids, batch.mask, batch.old_entropy)
     norms = mini_batch_norms(loss_mask, batch.mini_batches, batch.max_new_tokens)
-    return StepTensors(rewards, loss_mask, advantages, entropy_reference, norms, metrics)
+    entropy_coef = cfg.loss.entropy_coef if batch.entropy_coef is None else batch.entropy_coef
+    return StepTensors(rewards, loss_mask, advantages, entropy_reference, norms, metrics, entropy_coef)
 
 
 def micro_batch_loss(
@@ -108,4 +111,5 @@ def micro_batch_loss(
 
     return policy_loss(cfg, logp, logp.detach() if old_logp is None else old_logp, these_rows(step.advantages),
                        these_rows(step.loss_mask), step.loss_norms[mini_batch], ref_logp=ref_logp, entropy=entropy,
-                       entropy_reference=these_rows(step.entropy_reference), sampler_logp=sampler_logp)
+                       entropy_reference=these_rows(step.entropy_reference), sampler_logp=sampler_logp,
+                       entropy_coef=step.entropy_coef)

@@ -92,9 +92,10 @@ def train(cfg: TrainConfig, identity: RunIdentity) -> dict:
         interrupted = False
         for step in range(state.step + 1, trainer.max_steps + 1):
             with out_of_memory_reported(cfg, f"step {step}", shapes):
-                result = train_step(step, step_lr(step, trainer), run, policy, source, sampler)
+                result = train_step(step, step_lr(step, trainer), run, policy, source, sampler, state.entropy_coef)
             metrics = result.metrics
             state.step, state.generated_tokens = step, state.generated_tokens + result.generated_tokens
+            state.entropy_coef = result.entropy_coef  # adaptive entropy control goes on from here after a resume
             metrics["tokens/generated_total"] = float(state.generated_tokens)  # a resumed run continues the count
             last = step == trainer.max_steps
             evaluated = bool(benchmarks) and (last or bool(cfg.eval.every_steps and step % cfg.eval.every_steps == 0))

@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenpo.algorithms.entropy_control import EntropyCoef
 from tokenpo.data import PromptSampler
 from tokenpo.logger.run_logger import SAMPLES_FILE
 from tokenpo.trainer import checkpoint
@@ -18,8 +19,9 @@ log = logging.getLogger("tokenpo")
 @dataclass
 class RunState:
     """What a checkpoint carries besides the model and optimizer: the step, the prompt sampler's position, the W&B
-    run id, and the running totals. On disk it is the client state `{"step", "sampler", "wandb_id", "history"}` with
-    the totals and the held-out accuracies in `history` (the keys of the checkpoints written so far)."""
+    run id, the running totals and the entropy coefficient's state. On disk it is the client state `{"step",
+    "sampler", "wandb_id", "history"}` with the totals and the held-out accuracies in `history` (the keys of the
+    checkpoints written so far), and `"entropy_coef": {"c", "active"}` once a step has run."""
 
     step: int = 0
     sampler: dict | None = None  # PromptSampler.state_dict()
@@ -28,19 +30,26 @@ class RunState:
     elapsed_s: float = 0.0  # training seconds so far (the evaluation before training excluded)
     eval_before: float | None = None  # held-out accuracy before training
     eval_after: float | None = None  # held-out accuracy after the last step
+    # the entropy coefficient's state the next step starts from (adaptive entropy control's c_k and gate); None
+    # before the first step, and in checkpoints written before it existed: the step then starts from the config's
+    entropy_coef: EntropyCoef | None = None
 
     def to_client_state(self) -> dict:
         history = {"generated_tokens": self.generated_tokens, "elapsed_s": self.elapsed_s}
         history.update({key: value for key, value in (("eval_before", self.eval_before),
                                                       ("eval_after", self.eval_after)) if value is not None})
-        return {"step": self.step, "sampler": self.sampler, "wandb_id": self.wandb_id, "history": history}
+        client = {"step": self.step, "sampler": self.sampler, "wandb_id": self.wandb_id, "history": history}
+        if self.entropy_coef is not None:
+            client["entropy_coef"] = {"c": self.entropy_coef.c, "active": self.entropy_coef.active}
+        return client
 
     @classmethod
     def from_client_state(cls, state: dict) -> RunState:
-        history = state.get("history", {})
+        history, coef = state.get("history", {}), state.get("entropy_coef")
         return cls(step=state["step"], sampler=state["sampler"], wandb_id=state.get("wandb_id"),
                    generated_tokens=history.get("generated_tokens", 0), elapsed_s=history.get("elapsed_s", 0.0),
-                   eval_before=history.get("eval_before"), eval_after=history.get("eval_after"))
+                   eval_before=history.get("eval_before"), eval_after=history.get("eval_after"),
+                   entropy_coef=None if coef is None else EntropyCoef(float(coef["c"]), bool(coef["active"])))
 
 
 def resume_run(policy: Policy, sampler: PromptSampler, resume: str, run_dir: Path, *,

@@ -20,6 +20,7 @@ import torch
 
 from tokenpo import algorithms as alg
 from tokenpo.algorithms.config import AlgorithmConfig, DynamicSamplingConfig
+from tokenpo.algorithms.entropy_control import EntropyCoef
 from tokenpo.config import TrainConfig
 from tokenpo.data import PromptSampler
 from tokenpo.deepspeed import dist
@@ -59,10 +60,12 @@ class StepSettings:
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one step produced: its metrics (update, rollouts, dynamic sampling, timing) and its batch."""
+    """What one step produced: its metrics (update, rollouts, dynamic sampling, timing), its batch, and the entropy
+    coefficient's state the next step starts from."""
 
     metrics: dict[str, float]
     rollouts: StepRollouts  # the step's batch, with each sequence's shaped reward (the samples table reads it)
+    entropy_coef: EntropyCoef  # for the next step (adaptive entropy control's c and gate; the run state keeps it)
 
     @property
     def generated_tokens(self) -> int:
@@ -71,15 +74,21 @@ class StepResult:
 
 
 def train_step(step: int, lr: float, run: StepSettings, policy: Policy, source: RolloutSource,
-               sampler: PromptSampler) -> StepResult:
-    """Rollout step `step` at learning rate `lr`: collect the batch, update the policy on it, sync the engine."""
+               sampler: PromptSampler, entropy_coef: EntropyCoef | None) -> StepResult:
+    """Rollout step `step` at learning rate `lr`: collect the batch, update the policy on it, sync the engine.
+    `entropy_coef`: the entropy coefficient's state the previous step left (None: the run's first step)."""
     timings, started = Timings(), time.perf_counter()
+    coef = alg.step_entropy_coef(run.algorithm.loss, entropy_coef)
     rollouts = collect_rollouts(step, source, sampler, run.prompts_per_step, run.algorithm.dynamic_sampling,
                                 dist.world_size() * run.mini_batches, timings)
     policy.set_lr(lr)  # every update of this step at lr(step): the schedule counts rollout steps, not updates
     source.engine.sleep()  # the update gets the memory the engine can release
     # dynamic sampling's keep_partial may leave no group that splits over the ranks: no update this step
-    metrics = update_policy(run, policy, rollouts, timings) if rollouts.examples else {"lr": lr}
+    metrics = update_policy(run, policy, rollouts, timings, coef.value) if rollouts.examples else {"lr": lr}
+    metrics["entropy/coef"] = coef.value
+    # the controller reads the step's mean token entropy of the update passes (the rollout policy's with one
+    # mini-batch); a step without an update measured none and leaves it
+    next_coef = alg.next_entropy_coef(run.algorithm.loss, coef, metrics.get("entropy/mean"))
     with timings("weight_sync"):
         sync_engine(source.engine, policy)
     metrics.update(dynamic_sampling_metrics(rollouts))
@@ -90,7 +99,7 @@ def train_step(step: int, lr: float, run: StepSettings, policy: Policy, source: 
     metrics["throughput/tokens_per_s"] = sum(len(r) for r in rollouts.response_ids) / step_s
     # the equal-compute axis of tokenpo.compare: every dynamic-sampling round counts, kept or filtered out
     metrics["tokens/generated"] = float(rollouts.generated_tokens)
-    return StepResult(metrics, rollouts)
+    return StepResult(metrics, rollouts, next_coef)
 
 
 def collect_rollouts(step: int, source: RolloutSource, sampler: PromptSampler, needed: int,
@@ -125,9 +134,11 @@ def collect_rollouts(step: int, source: RolloutSource, sampler: PromptSampler, n
     return fill_batch(mixed, rest, needed, sampling.on_exhausted, parts)
 
 
-def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, timings: Timings) -> dict[str, float]:
+def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, timings: Timings,
+                  entropy_coef: float | None = None) -> dict[str, float]:
     """Advantages on the whole batch, then `run.mini_batches` optimizer updates on this rank's groups; the step's
-    update and rollout metrics (the same on every rank)."""
+    update and rollout metrics (the same on every rank). `entropy_coef`: the entropy bonus's coefficient this step
+    (None: algorithm.loss.entropy_coef)."""
     g, num_groups = rollouts.group_size, len(rollouts.examples)
     mine = list(range(dist.rank(), num_groups, dist.world_size()))  # this rank trains every world_size-th group
     longest = rollouts.longest()  # [groups]: micro-batches put groups of similar length together
@@ -157,6 +168,7 @@ def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, tim
         format_weight=run.reward.format_weight,
         # [N, T], every rank's rows: the entropy-weighted estimators normalise over the whole batch
         old_entropy=None if old_entropy is None else gather_rows(old_entropy, len(lengths), width),
+        entropy_coef=entropy_coef,
     )
     # shaped rewards [N], advantages [N, T], loss masks and normalisers, the algorithm's metrics
     prepared = alg.prepare_step(run.algorithm, batch)
