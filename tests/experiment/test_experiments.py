@@ -36,7 +36,7 @@ EXPERIMENTS = sorted(p.relative_to(EXPERIMENT_DIR).with_suffix("").as_posix() fo
 # GPU setups: hub weights and 8 processes; they compose and validate here but are not run
 PAPER_SCALE = tuple(name for name in EXPERIMENTS if name.startswith("paper/"))
 # ablations on the embedded testbed, all at two policy updates per rollout
-TESTBED_FAMILIES = ("dapo_ladder/", "gtpo/", "grpo_s/", "tepo/")
+TESTBED_FAMILIES = ("dapo_ladder/", "entropy/", "gtpo/", "grpo_s/", "tepo/")
 LADDER = (
     "dapo_ladder/0_naive_grpo",
     "dapo_ladder/1_overlong_filtering",
@@ -82,6 +82,14 @@ ALGORITHM_DELTAS = {
     # the top rung is the released DAPO recipe: soft overlong punishment without overlong filtering
     LADDER[5]: ("dapo", {}),
     "dapo_ladder/5_with_overlong_filter": ("dapo", {"shaping.overlong_filter": True}),
+    # the 2025 entropy and trust-region baselines at their papers' values; the adaptive coefficient retuned to the
+    # testbed's entropy range (its file says why)
+    "entropy/cispo": ("cispo", {}),
+    "entropy/gmpo": ("gmpo", {}),
+    "entropy/sapo": ("sapo", {}),
+    "entropy/entropy_advantage": ("entropy_advantage", {}),
+    "entropy/adaptive_entropy": ("grpo", {"loss.entropy_control": "adaptive", "loss.entropy_target": 0.5,
+                                          "loss.entropy_coef_step": 1e-3, "loss.entropy_coef_max": 1e-2}),
 }
 # one tiny CPU step: small batch, short responses, one thread and one reward worker (the machine is shared);
 # the random tiny model never answers right, so dynamic sampling finds no mixed group and fills the batch
