@@ -43,7 +43,9 @@ SAMPLE_PROMPTS = [[1, 2, 3, 4], [5, 6, 7]]
 def update_overrides(stage: str, micro: str, algorithm: str = "grpo") -> list[str]:
     """8 groups in 2 mini-batches (the second one is off-policy, so ratio clipping and the KL term act),
     gradient clipping active, and a learning rate that moves the weights far above float noise."""
-    return SMALL + [f"algorithm={algorithm}", f"deepspeed={stage}", f"data.prompts_per_step={GROUPS}", f"rollout.group_size={GROUP_SIZE}",
+    # token selections (Clip-Cov, KL-Cov, 80/20) step-wide, the mode exact under any rank and micro-batch split (a
+    # no-op for the other algorithms)
+    return SMALL + [f"algorithm={algorithm}", "algorithm.loss.selection_scope=step", f"deepspeed={stage}", f"data.prompts_per_step={GROUPS}", f"rollout.group_size={GROUP_SIZE}",
                     "trainer.mini_batches=2", "trainer.max_grad_norm=0.5", "trainer.lr=1e-3",
                     "trainer.warmup_steps=0", f"trainer.micro_batch_size={MICRO[micro]}"]
 

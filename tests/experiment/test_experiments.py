@@ -88,6 +88,9 @@ ALGORITHM_DELTAS = {
     "entropy/gmpo": ("gmpo", {}),
     "entropy/sapo": ("sapo", {}),
     "entropy/entropy_advantage": ("entropy_advantage", {}),
+    "entropy/clip_cov": ("clip_cov", {}),
+    "entropy/kl_cov": ("kl_cov", {}),
+    "entropy/entropy_top": ("entropy_top", {}),
     "entropy/adaptive_entropy": ("grpo", {"loss.entropy_control": "adaptive", "loss.entropy_target": 0.5,
                                           "loss.entropy_coef_step": 1e-3, "loss.entropy_coef_max": 1e-2}),
 }

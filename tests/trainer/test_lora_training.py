@@ -13,7 +13,7 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from support.config import SMALL, compose_config
+from support.config import ALGORITHM_NAMES, SMALL, compose_config
 from support.metrics import by_step, deterministic, read_metrics
 from support.runs import in_process_training, train_run
 from tokenpo.deepspeed import engine

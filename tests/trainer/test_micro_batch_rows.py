@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from support.config import SMALL, compose_config
+from support.config import ALGORITHM_NAMES, SMALL, compose_config
 from support.runs import fixed_rollouts
 from tokenpo.models.loading import load_model
 from tokenpo.plan.memory import with_values
@@ -96,7 +96,11 @@ def algorithm_setup(algorithm: str):
     """(config, tokenizer, initial policy, reference) of a step of `algorithm`, composed once for its updates."""
     cfg, _ = compose_config(SMALL + [f"algorithm={algorithm}", f"data.prompts_per_step={GROUPS}",
                                      f"rollout.group_size={GROUP_SIZE}", f"rollout.max_new_tokens={MAX_NEW}",
-                                     "trainer.mini_batches=2"])
+                                     "trainer.mini_batches=2",
+                                     # token selections (Clip-Cov, KL-Cov, 80/20) step-wide, the split-exact mode (a
+                                     # no-op for the other algorithms); the reference per-micro-batch mode depends on
+                                     # the split by design (tests/algorithms/test_selection.py)
+                                     "algorithm.loss.selection_scope=step"])
     tokenizer, model = load_model(cfg.model, cfg.seed)
     reference = copy.deepcopy(model).requires_grad_(False)
     return cfg, tokenizer, model, reference

@@ -101,7 +101,8 @@ class RatioConfig:
 class LossConfig:
     surrogate: str = setting("clipped",
         "per-token policy-gradient term (tokenpo/algorithms/surrogates.py): clipped (PPO/GRPO/DAPO clip) | cispo "
-        "(MiniMax-M1 clipped IS weight) | gmpo (geometric-mean sequence ratio) | sapo (soft gate); GRPO: clipped",
+        "(MiniMax-M1 clipped IS weight) | gmpo (geometric-mean sequence ratio) | sapo (soft gate) | clip_cov | kl_cov "
+        "(arXiv 2505.22617); GRPO: clipped",
         choices=SURROGATES.names)
     clip_low: float = setting(0.2,
         "ε_low: the ratio is clipped below at 1 − ε_low; GRPO gives none; 0.2 is the convention", ge=0, lt=1)
@@ -138,6 +139,29 @@ class LossConfig:
         choices=ENTROPY_REFERENCES.names)
     kl_mask_target: str = setting("old", "policy the masked KL pulls towards: old | ref", choices=sorted(KL_TARGETS))
     kl_mask_coef: float = setting(0.0, "β_mask of the masked KL (0 = off)", ge=0)
+    cov_rho: float = setting(2e-4,
+        "Clip-Cov / KL-Cov ρ: k = max(1, ⌊ρ·N⌋) of the N valid tokens of a selection batch are selected (fraction; "
+        "read by clip_cov, kl_cov); authors' verl recipe/entropy (arXiv 2505.22617): Clip-Cov 2e-4, KL-Cov 2e-3 "
+        "(Qwen2.5-7B) / 2e-4 (32B)", gt=0, le=1)
+    cov_clip_low: float = setting(1.0,
+        "Clip-Cov ω_low: candidates have Cov > ω_low (covariance units; read by clip_cov); arXiv 2505.22617 verl recipe "
+        "clip_cov_lb: 1",
+        finite=True)
+    cov_clip_high: float = setting(5.0,
+        "Clip-Cov ω_high: candidates have Cov < ω_high (covariance units; read by clip_cov); arXiv 2505.22617 verl "
+        "recipe clip_cov_ub: 5",
+        finite=True)
+    kl_cov_coef: float = setting(1.0,
+        "KL-Cov β of β·|log π_θ − log π_old| on the selected tokens (loss units; read by kl_cov); arXiv 2505.22617 "
+        "verl recipe ppo_kl_coef: 1", ge=0)
+    entropy_top_frac: float | None = setting(None,
+        "80/20 ρ: only the valid tokens whose entropy is in the top ρ of a selection batch carry the policy gradient, "
+        "the rest stay in the normaliser (null = off; arXiv 2506.01939 §5: 0.2; TRL top_entropy_quantile)", gt=0, le=1)
+    selection_scope: str = setting("micro_batch",
+        "batch a token selection (clip_cov, kl_cov, entropy_top_frac) runs over: micro_batch (the reference codes', "
+        "current policy, depends on the split) | step (each mini-batch of the step on every rank, rollout policy's "
+        "log-probs and entropy: exact under any micro-batch or rank split); papers: micro_batch",
+        choices=("micro_batch", "step"))
     entropy_coef: float = setting(0.0,
         "entropy bonus c: loss −= c · current entropy, aggregated like the loss (0 = off, no entropy gradient kept; "
         "verl entropy_coeff, cleanrl ent_coef, PPO arXiv 1707.06347 Eq. 9 c2; none of our papers: 0; < 0 minimises "
@@ -168,6 +192,8 @@ class LossConfig:
             require(0 <= self.entropy_coef <= self.entropy_coef_max,
                     must_be(f"{path}.entropy_coef", f"in [0, {path}.entropy_coef_max ({self.entropy_coef_max})] with "
                             f"{path}.entropy_control=adaptive (the initial coefficient)", self.entropy_coef))
+        require(self.cov_clip_low < self.cov_clip_high,
+                must_be(f"{path}.cov_clip_low", f"< {path}.cov_clip_high ({self.cov_clip_high})", self.cov_clip_low))
 
 
 @dataclass
@@ -231,10 +257,16 @@ def needs_reference(cfg: AlgorithmConfig) -> bool:
 
 def needs_entropy(cfg: AlgorithmConfig) -> bool:
     """Whether the old policy's per-token entropy must be kept for the advantage (its estimator, or the
-    entropy-based advantage term) or the KL mask."""
+    entropy-based advantage term), the KL mask or a step-wide 80/20 selection."""
     return bool(ADVANTAGES.trait(cfg.advantage.estimator, "needs_entropy")) or cfg.advantage.entropy_bonus_alpha > 0 or (
         cfg.loss.kl_mask_coef > 0 and bool(KL_MASKS.trait(cfg.loss.kl_mask, "needs_entropy"))
-    )
+    ) or (cfg.loss.entropy_top_frac is not None and cfg.loss.selection_scope == "step")
+
+
+def needs_step_logprobs(cfg: AlgorithmConfig) -> bool:
+    """Whether `prepare_step` reads the rollout policy's log-probs of the whole step: a selecting surrogate (trait
+    `select`) at selection_scope step."""
+    return cfg.loss.selection_scope == "step" and SURROGATES.trait(cfg.loss.surrogate, "select") is not None
 
 
 def needs_entropy_grad(cfg: AlgorithmConfig) -> bool:

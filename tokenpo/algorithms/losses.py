@@ -12,7 +12,8 @@ from tokenpo.algorithms.kl import KL_MASKS, kl_penalty
 from tokenpo.algorithms.masked import masked_mean
 from tokenpo.algorithms.ratios import importance_ratio
 from tokenpo.algorithms.rollout_correction import sampler_mismatch, truncated_importance_weight
-from tokenpo.algorithms.surrogates import SURROGATES, SurrogateInputs
+from tokenpo.algorithms.selection import entropy_top_mask
+from tokenpo.algorithms.surrogates import SURROGATES, SelectionInputs, SurrogateInputs
 
 if TYPE_CHECKING:
     from tokenpo.algorithms.config import AlgorithmConfig
@@ -46,6 +47,9 @@ def policy_loss(
     entropy_reference: torch.Tensor | None = None,
     sampler_logp: torch.Tensor | None = None,
     entropy_coef: float | None = None,
+    selection: torch.Tensor | None = None,
+    entropy_keep: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Scalar loss of one micro-batch (its share of the step; sum over micro-batches) and metrics.
 
@@ -57,13 +61,30 @@ def policy_loss(
     sampler/trainer mismatch is logged, and `loss.tis_cap` weights the policy-gradient term by TIS.
     entropy_coef: the entropy bonus's coefficient this step (None: `loss.entropy_coef`; adaptive entropy control
     passes its own, the config stays frozen).
+    selection, entropy_keep: [B, T] bool, the step-wide picks of a selecting surrogate and of the 80/20 mask
+    (`loss.selection_scope: step`); None: picked here on this micro-batch (the current log-probs and entropy;
+    `generator` draws Clip-Cov's random pick).
     Metrics are this micro-batch's own means (average them over micro-batches).
     """
     loss_cfg = cfg.loss
     old_logp, advantages = old_logp.detach(), advantages.detach()
     ratio = importance_ratio(cfg.ratio.kind, logp, old_logp, mask)
-    surrogate = SURROGATES.get(loss_cfg.surrogate)(SurrogateInputs(logp, old_logp, ratio, advantages, mask, loss_cfg))
+    select = SURROGATES.trait(loss_cfg.surrogate, "select")
+    if select is not None and selection is None:
+        selection = select(SelectionInputs(advantages, logp.detach(), ratio.detach(), mask, loss_cfg, generator))
+    surrogate = SURROGATES.get(loss_cfg.surrogate)(
+        SurrogateInputs(logp, old_logp, ratio, advantages, mask, loss_cfg, selection))
     pg_tok, metrics = surrogate.loss_tok, dict(surrogate.metrics)
+    if loss_cfg.entropy_top_frac is not None:
+        if entropy_keep is None:
+            if entropy is None:
+                raise ValueError("algorithm.loss.entropy_top_frac needs the current entropy; got None")
+            entropy_keep, metrics["entropy_top/threshold"] = entropy_top_mask(entropy, mask, loss_cfg.entropy_top_frac)
+        # 80/20 (arXiv 2506.01939 §5): the other tokens carry no policy gradient but stay in the normaliser
+        pg_tok = pg_tok * entropy_keep.to(pg_tok.dtype)
+        metrics["entropy_top/kept_frac"] = masked_mean(entropy_keep.to(mask.dtype), mask)
+        if entropy is not None:
+            metrics["entropy_top/kept_entropy_mean"] = masked_mean(entropy.detach(), mask * entropy_keep)
     metrics["kl/old"] = masked_mean(kl_penalty(logp.detach(), old_logp, "k3"), mask)
     if ref_logp is not None:
         ref_logp = ref_logp.detach()

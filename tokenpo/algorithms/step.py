@@ -18,7 +18,9 @@ from tokenpo.algorithms.advantages import token_advantages
 from tokenpo.algorithms.aggregation import LossNorm
 from tokenpo.algorithms.kl import kl_mask_entropy_reference
 from tokenpo.algorithms.losses import policy_loss
+from tokenpo.algorithms.selection import entropy_top_mask, selection_generator
 from tokenpo.algorithms.shaping import shape_rewards
+from tokenpo.algorithms.surrogates import SURROGATES, SelectionInputs
 
 if TYPE_CHECKING:
     from tokenpo.algorithms.config import AlgorithmConfig
@@ -40,6 +42,9 @@ class StepBatch:
     format_weight: float = 0.0  # reward added per in-format answer (reward.format_weight)
     old_entropy: Tensor | None = None  # [N, T] the rollout policy's token entropy; given when needs_entropy
     entropy_coef: float | None = None  # the entropy bonus's coefficient this step (None: algorithm.loss.entropy_coef)
+    old_logp: Tensor | None = None  # [N, T] the rollout policy's log-probs; given when needs_step_logprobs
+    seed: int = 0  # the run's seed and the step: with them a token selection's random draws resume exactly
+    step: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,10 @@ class StepTensors:
     loss_norms: tuple[LossNorm, ...]  # the global denominators of each mini-batch
     metrics: dict[str, float]  # reward shaping's metrics
     entropy_coef: float  # the entropy bonus's coefficient this step (fixed, or adaptive entropy control's)
+    # selection_scope step: [N, T] bool picks of a selecting surrogate and of the 80/20 mask, each mini-batch's own
+    selection: Tensor | None = None
+    entropy_keep: Tensor | None = None
+    seed_parts: tuple[int, ...] = (0, 0)  # (run seed, step): seed a micro-batch's own random pick
 
 
 def response_mask(lengths: Tensor) -> Tensor:
@@ -83,7 +92,40 @@ def prepare_step(cfg: AlgorithmConfig, batch: StepBatch) -> StepTensors:
     advantages = token_advantages(cfg, rewards, batch.correct, batch.group_ids, batch.mask, batch.old_entropy)
     norms = mini_batch_norms(loss_mask, batch.mini_batches, batch.max_new_tokens)
     entropy_coef = cfg.loss.entropy_coef if batch.entropy_coef is None else batch.entropy_coef
-    return StepTensors(rewards, loss_mask, advantages, entropy_reference, norms, metrics, entropy_coef)
+    selection, entropy_keep = step_selections(cfg, batch, loss_mask, advantages, metrics)
+    return StepTensors(rewards, loss_mask, advantages, entropy_reference, norms, metrics, entropy_coef, selection,
+                       entropy_keep, (batch.seed, batch.step))
+
+
+def step_selections(cfg: AlgorithmConfig, batch: StepBatch, loss_mask: Tensor, advantages: Tensor,
+                    metrics: dict[str, float]) -> tuple[Tensor | None, Tensor | None]:
+    """At `loss.selection_scope: step`, the [N, T] bool picks of the selecting surrogate and of the 80/20 mask, each
+    over one mini-batch's rows of every rank (the batch the reference code's micro-batch stands for), from the rollout
+    policy's log-probs and entropy: the same tokens however the rows are split into micro-batches and ranks. The
+    first update of a step sees that policy; later mini-batches keep its picks where the reference re-selects with the
+    current log-probs (docs/algorithms.md). (None, None) at micro_batch scope: `policy_loss` picks per micro-batch."""
+    loss = cfg.loss
+    if loss.selection_scope != "step":
+        return None, None
+    parts = [slice(start, start + len(loss_mask) // batch.mini_batches)
+             for start in range(0, len(loss_mask), len(loss_mask) // batch.mini_batches)]
+    selection = entropy_keep = None
+    select = SURROGATES.trait(loss.surrogate, "select")
+    if select is not None:
+        if batch.old_logp is None:
+            raise ValueError(f"surrogate {loss.surrogate!r} at selection_scope step needs StepBatch.old_logp; got None")
+        selection = torch.cat([
+            select(SelectionInputs(advantages[rows], batch.old_logp[rows], torch.ones_like(batch.old_logp[rows]),
+                                   loss_mask[rows], loss, selection_generator(batch.seed, batch.step, mini_batch)))
+            for mini_batch, rows in enumerate(parts)])
+    if loss.entropy_top_frac is not None:
+        if batch.old_entropy is None:
+            raise ValueError("algorithm.loss.entropy_top_frac at selection_scope step needs StepBatch.old_entropy")
+        masks, thresholds = zip(*(entropy_top_mask(batch.old_entropy[rows], loss_mask[rows], loss.entropy_top_frac)
+                                  for rows in parts))
+        entropy_keep = torch.cat(masks)
+        metrics["entropy_top/threshold"] = float(torch.stack(thresholds).mean())
+    return selection, entropy_keep
 
 
 def micro_batch_loss(
@@ -112,4 +154,7 @@ def micro_batch_loss(
     return policy_loss(cfg, logp, logp.detach() if old_logp is None else old_logp, these_rows(step.advantages),
                        these_rows(step.loss_mask), step.loss_norms[mini_batch], ref_logp=ref_logp, entropy=entropy,
                        entropy_reference=these_rows(step.entropy_reference), sampler_logp=sampler_logp,
-                       entropy_coef=step.entropy_coef)
+                       entropy_coef=step.entropy_coef,
+                       selection=these_rows(step.selection), entropy_keep=these_rows(step.entropy_keep),
+                       # a micro-batch's own random pick (selection_scope micro_batch): its first row names it
+                       generator=selection_generator(*step.seed_parts, mini_batch, min(rows)))

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from tokenpo.algorithms.masked import masked_mean, sequence_mean
 from tokenpo.algorithms.ratios import exp_clamped, per_token
+from tokenpo.algorithms.selection import (covariance_band, random_pick, selection_count, token_covariance,
+                                          top_k_mask)
 from tokenpo.registry import Registry
 
 # torch for annotations only: a config validates against this registry before torch is imported
@@ -33,6 +35,9 @@ class SurrogateInputs:
     advantages: torch.Tensor  # detached, 0 on padding
     mask: torch.Tensor  # float loss mask: 1 on the tokens that train
     loss: LossConfig  # the surrogate's hyperparameters
+    # [B, T] bool: the tokens a selecting surrogate (trait `select`) treats apart, from its `select` on the micro-batch
+    # or on the whole step (algorithm.loss.selection_scope); None for the others
+    selection: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -194,3 +199,75 @@ def sapo(inputs: SurrogateInputs) -> SurrogateTerm:
          "sapo/grad_weight_mean": masked_mean(gradient_weight, mask),
          "sapo/grad_weight_pos": masked_mean(gradient_weight, mask * (advantages > 0).to(mask.dtype)),
          "sapo/grad_weight_neg": masked_mean(gradient_weight, mask * (advantages < 0).to(mask.dtype))})
+# --- selecting surrogates: a `select` trait picks tokens, the surrogate treats them apart ---
+
+@dataclass(frozen=True)
+class SelectionInputs:
+    """One batch as a `select` reads it, [B, T] each, all detached: a micro-batch (selection_scope micro_batch, the
+    reference code's) or one mini-batch of the whole step (step)."""
+
+    advantages: torch.Tensor
+    logp: torch.Tensor  # the log-probs the covariance reads: the current policy's (micro_batch), the rollout's (step)
+    ratio: torch.Tensor  # the importance ratio the ordinary clip reads (all ones at step scope: logp is the rollout's)
+    mask: torch.Tensor  # float loss mask; its sum is N of k = max(1, ⌊ρ·N⌋)
+    loss: LossConfig
+    generator: torch.Generator | None  # the random pick's draws (Clip-Cov), seeded from run seed, step and batch
+
+
+def ordinary_clip_active(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float,
+                         clip_high: float) -> torch.Tensor:
+    """[B, T] bool: tokens whose clipped term is the larger, −A·clip(w) > −A·w, i.e. those the ordinary clip already
+    cuts (verl clip_by_origin)."""
+    return -advantages * ratio.clamp(1 - clip_low, 1 + clip_high) > -advantages * ratio
+
+
+def clip_cov_selection(inputs: SelectionInputs) -> torch.Tensor:
+    """[B, T] bool: Clip-Cov's tokens (arXiv 2505.22617 §4, Eq. 10): k = max(1, ⌊ρ·N⌋) drawn at random among the
+    valid tokens with ω_low < Cov < ω_high that the ordinary clip did not cut."""
+    loss = inputs.loss
+    if inputs.generator is None:
+        raise ValueError("clip_cov's random pick needs a torch.Generator; got None")
+    cov = token_covariance(inputs.advantages, inputs.logp, inputs.mask)
+    candidates = covariance_band(cov, inputs.mask, loss.cov_clip_low, loss.cov_clip_high) & ~ordinary_clip_active(
+        inputs.ratio, inputs.advantages, loss.clip_low, loss.clip_high)
+    return random_pick(candidates, selection_count(float(inputs.mask.sum()), loss.cov_rho), inputs.generator)
+
+
+def kl_cov_selection(inputs: SelectionInputs) -> torch.Tensor:
+    """[B, T] bool: KL-Cov's tokens (arXiv 2505.22617 §4, Eq. 11): the k = max(1, ⌊ρ·N⌋) valid tokens of largest
+    Cov."""
+    cov = token_covariance(inputs.advantages, inputs.logp, inputs.mask)
+    return top_k_mask(cov, inputs.mask > 0, selection_count(float(inputs.mask.sum()), inputs.loss.cov_rho))
+
+
+def _selection(inputs: SurrogateInputs, name: str) -> torch.Tensor:
+    if inputs.selection is None:
+        raise ValueError(f"surrogate {name!r} needs SurrogateInputs.selection (its `select` trait's tokens); got None")
+    return inputs.selection
+
+
+def covariance_metrics(inputs: SurrogateInputs, selected: torch.Tensor, name: str) -> dict[str, torch.Tensor]:
+    """What arXiv 2505.22617 plots beside entropy: the fraction of tokens selected and the mean Cov over the valid
+    tokens of this micro-batch (current log-probs)."""
+    return {f"{name}/selected_frac": masked_mean(selected.to(inputs.mask.dtype), inputs.mask),
+            "cov/mean": masked_mean(token_covariance(inputs.advantages, inputs.logp, inputs.mask), inputs.mask)}
+
+
+@SURROGATES.register("clip_cov", select=clip_cov_selection)
+def clip_cov(inputs: SurrogateInputs) -> SurrogateTerm:
+    """Clip-Cov (arXiv 2505.22617 §4, Eq. 10): the clipped surrogate with the gradient of the selected tokens stopped
+    (their loss is 0; they stay in the normaliser, as verl's corr = 0)."""
+    loss, selected = inputs.loss, _selection(inputs, "clip_cov")
+    pg = clipped_surrogate(inputs.ratio, inputs.advantages, loss.clip_low, loss.clip_high, loss.dual_clip)
+    metrics = clip_fractions(inputs.ratio, inputs.advantages, inputs.mask, loss.clip_low, loss.clip_high,
+                             loss.dual_clip)
+    return SurrogateTerm(pg * (~selected).to(pg.dtype), {**metrics, **covariance_metrics(inputs, selected, "clip_cov")})
+
+
+@SURROGATES.register("kl_cov", select=kl_cov_selection)
+def kl_cov(inputs: SurrogateInputs) -> SurrogateTerm:
+    """KL-Cov (arXiv 2505.22617 §4, Eq. 11): −A·w on every token, plus β·|log π_θ − log π_old| on the selected ones;
+    no clip (verl compute_policy_loss_kl_cov)."""
+    selected = _selection(inputs, "kl_cov")
+    penalty = inputs.loss.kl_cov_coef * (inputs.logp - inputs.old_logp).abs() * selected.to(inputs.logp.dtype)
+    return SurrogateTerm(-inputs.advantages * inputs.ratio + penalty, covariance_metrics(inputs, selected, "kl_cov"))

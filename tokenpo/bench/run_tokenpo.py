@@ -55,9 +55,9 @@ def instrumented_trainer(per_step: list[dict], shape: dict):
         cpu_start["step"] = time.process_time()
         return collect(*args, **kwargs)
 
-    def update_policy(run, trained, rollouts, timings):
+    def update_policy(run, trained, rollouts, *rest):
         totals.update(backward=0.0, optimizer=0.0)
-        metrics = update(run, trained, rollouts, timings)
+        metrics = update(run, trained, rollouts, *rest)
         per_step.append({**totals, "step_cpu_s": time.process_time() - cpu_start["step"],
                          "completion_tokens": sum(len(r) for r in rollouts.response_ids),
                          "prompt_tokens": sum(len(p) for p in rollouts.prompt_ids)})

@@ -45,17 +45,18 @@ class StepSettings:
     micro_batch_size: int  # sequences per forward/backward pass
     mini_batches: int  # optimizer updates per step, each on a slice of the groups
     pad_token_id: int
+    seed: int = 0  # the run's seed: with the step it seeds a token selection's random draws
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, pad_token_id: int) -> StepSettings:
         return cls(cfg.algorithm, cfg.reward_for(cfg.data), cfg.data.prompts_per_step, cfg.rollout.max_new_tokens,
-                   cfg.trainer.micro_batch_size, cfg.trainer.mini_batches, pad_token_id)
+                   cfg.trainer.micro_batch_size, cfg.trainer.mini_batches, pad_token_id, cfg.seed)
 
     @property
     def needs_old_logprobs(self) -> bool:
         """Whether a step runs the old policy without grad first: several updates per rollout (their ratio's
-        denominator) or an algorithm that reads the old policy's entropy."""
-        return self.mini_batches > 1 or alg.needs_entropy(self.algorithm)
+        denominator), an algorithm that reads the old policy's entropy, or a step-wide token selection."""
+        return self.mini_batches > 1 or alg.needs_entropy(self.algorithm) or alg.needs_step_logprobs(self.algorithm)
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def train_step(step: int, lr: float, run: StepSettings, policy: Policy, source: 
     policy.set_lr(lr)  # every update of this step at lr(step): the schedule counts rollout steps, not updates
     source.engine.sleep()  # the update gets the memory the engine can release
     # dynamic sampling's keep_partial may leave no group that splits over the ranks: no update this step
-    metrics = update_policy(run, policy, rollouts, timings, coef.value) if rollouts.examples else {"lr": lr}
+    metrics = update_policy(run, policy, rollouts, timings, step, coef.value) if rollouts.examples else {"lr": lr}
     metrics["entropy/coef"] = coef.value
     # the controller reads the step's mean token entropy of the update passes (the rollout policy's with one
     # mini-batch); a step without an update measured none and leaves it
@@ -135,10 +136,10 @@ def collect_rollouts(step: int, source: RolloutSource, sampler: PromptSampler, n
 
 
 def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, timings: Timings,
-                  entropy_coef: float | None = None) -> dict[str, float]:
+                  step: int = 0, entropy_coef: float | None = None) -> dict[str, float]:
     """Advantages on the whole batch, then `run.mini_batches` optimizer updates on this rank's groups; the step's
-    update and rollout metrics (the same on every rank). `entropy_coef`: the entropy bonus's coefficient this step
-    (None: algorithm.loss.entropy_coef)."""
+    update and rollout metrics (the same on every rank). `step` seeds a token selection's random draws;
+    `entropy_coef`: the entropy bonus's coefficient this step (None: algorithm.loss.entropy_coef)."""
     g, num_groups = rollouts.group_size, len(rollouts.examples)
     mine = list(range(dist.rank(), num_groups, dist.world_size()))  # this rank trains every world_size-th group
     longest = rollouts.longest()  # [groups]: micro-batches put groups of similar length together
@@ -169,6 +170,10 @@ def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, tim
         # [N, T], every rank's rows: the entropy-weighted estimators normalise over the whole batch
         old_entropy=None if old_entropy is None else gather_rows(old_entropy, len(lengths), width),
         entropy_coef=entropy_coef,
+        # [N, T], every rank's rows: a step-wide token selection ranks the tokens of the whole batch
+        old_logp=gather_rows(old_logp, len(lengths), width) if alg.needs_step_logprobs(run.algorithm) else None,
+        seed=run.seed,
+        step=step,
     )
     # shaped rewards [N], advantages [N, T], loss masks and normalisers, the algorithm's metrics
     prepared = alg.prepare_step(run.algorithm, batch)
