@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from support.cli import guarded_train, heavy_imports, start_error
-from support.config import SMALL
+from support.config import ALGORITHM_NAMES, SMALL
 from support.env import REPO, cli_env
 from support.metrics import read_metrics
 
@@ -184,7 +184,7 @@ def test_every_start_up_check_passes_before_deepspeed_is_imported(tmp_path, over
 
 
 @pytest.mark.parametrize(("option", "choices"), [
-    ("algorithm=grpoo", "(available: dapo, dr_grpo, grpo, grpo_s, gspo, gtpo, tepo)"),
+    ("algorithm=grpoo", f"(available: {', '.join(ALGORITHM_NAMES)})"),
     ("deepspeed=zero22", "(available: zero0, zero1, zero2, zero3, zero3_offload)"),
     ("eval=aime99", "(available: aime24, aime25, amc23, arith, arith_study, gsm8k, math500)"),
 ])
