@@ -8,15 +8,17 @@
 # Sized for the 2-core development machine: 4 prompts x 4 responses of at most 24 tokens a step (trained answers
 # take 10-16; the main job allows 32); every run at trainer.threads=1, two
 # runs side by side (STUDY_LANES), so each run's numbers do not depend on what runs beside it. Each group is one
-# Hydra sweep over the seeds into <STUDY_DIR>/<group>/seed<N>, its jobs side by side through Hydra's joblib launcher
-# (tokenpo[cluster]; docs/cluster.md). Rerunning the script resumes an interrupted study the way any sweep resumes:
+# Hydra sweep over the seeds into <STUDY_DIR>/<group>/seed<N>, one run at a time; the lanes take every
+# STUDY_LANES-th group each, so no lane idles while a group's odd seed runs alone (Hydra's joblib launcher,
+# tokenpo[cluster], docs/cluster.md). Rerunning the script resumes an interrupted study the way any sweep resumes:
 # finished runs are skipped, a run with a checkpoint continues, the rest start; a new STUDY_DIR runs everything
 # again. The untrained model's scores (the same for every run: greedy, same weights) come from one extra run that
 # evaluates before its first step, written to <STUDY_DIR>_base/seed0.
 #   STUDY_DIR (outputs/study), STUDY_STEPS (15), STUDY_SEEDS ("0 1 2 3 4"), STUDY_GROUPS (one override per group,
 #   space-separated; default the eight above; keep algorithm=grpo, the baseline), STUDY_LANES (2), STUDY_DOCS
 #   (docs/study: where the comparison goes), STUDY_MARGIN (unset: none; an equivalence margin named in advance, passed
-#   to tokenpo.compare --margin). Extra arguments are Hydra overrides for every run.
+#   to tokenpo.compare --margin), STUDY_FIT (unset: none; e.g. "--fit-curves --compute tokens": extra arguments of
+#   the held-out comparison). Extra arguments are Hydra overrides for every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="$(bash scripts/setup.sh | tail -n 1)"
@@ -33,15 +35,13 @@ COMMON=(data=arith_study eval=arith_study data.prompts_per_step=4 rollout.max_ne
         "${TESTBED[@]}" "$@")
 
 # sweep DIR STEPS SEEDS OVERRIDES...: the Hydra sweep over OVERRIDES and the comma-separated SEEDS into
-# DIR/seed<N>, LANES jobs side by side, STEPS steps each (console output in DIR/sweep.log); prints what became of
-# each run
+# DIR/seed<N>, one job at a time, STEPS steps each (console output in DIR/sweep.log); prints what became of each run
 sweep() {
-  local dir=$1 steps=$2 seeds=$3 lanes=$LANES
+  local dir=$1 steps=$2 seeds=$3
   shift 3
-  (( lanes > 1 )) && [[ $seeds == *,* ]] || lanes=1
   mkdir -p "$dir"
   "$PY" -m tokenpo.train -m "$@" seed="$seeds" trainer.max_steps="$steps" "${COMMON[@]}" hydra.sweep.dir="$dir" \
-      'hydra.sweep.subdir=seed${seed}' hydra/launcher=joblib hydra.launcher.n_jobs="$lanes" > "$dir/sweep.log" 2>&1 || true
+      'hydra.sweep.subdir=seed${seed}' hydra/launcher=joblib hydra.launcher.n_jobs=1 > "$dir/sweep.log" 2>&1 || true
   rm -rf "$dir"/seed*/final  # the study keeps metrics and eval records, not 41 copies of the 0.5 GB weights
   for seed in ${seeds//,/ }; do
     local run="$dir/seed$seed"
@@ -59,15 +59,23 @@ start=$(date +%s)
 FAILED=$(mktemp)  # one line per failed run
 # the untrained model's held-out and transfer scores, once
 sweep "${OUT}_base" 1 0 algorithm=grpo eval.before_training=true
-for group in "${GROUPS_[@]}"; do
-  name=${group#*=}
-  sweep "$OUT/${name//\//_}" "$STEPS" "$(IFS=,; echo "${SEEDS[*]}")" "$group"
-done
+# lane LANE: every LANES-th group from the LANE-th, one after another
+lane() {
+  local index
+  for (( index = $1; index < ${#GROUPS_[@]}; index += LANES )); do
+    local group=${GROUPS_[index]} name
+    name=${group#*=}
+    sweep "$OUT/${name//\//_}" "$STEPS" "$(IFS=,; echo "${SEEDS[*]}")" "$group"
+  done
+}
+for (( l = 0; l < LANES; l++ )); do lane "$l" & done
+wait
 failed=$(wc -l < "$FAILED")
 echo "study wall time: $(( $(date +%s) - start )) s; failed runs: $failed"
 
+read -r -a FIT <<< "${STUDY_FIT:-}"
 "$PY" -m tokenpo.compare "$OUT" --baseline algorithm=grpo --target-metric eval/accuracy --target 0.5 --band ci \
-    "${MARGIN[@]}" --out "$DOCS"
+    "${MARGIN[@]}" "${FIT[@]}" --out "$DOCS"
 "$PY" -m tokenpo.compare "$OUT" --baseline algorithm=grpo --target-metric eval/arith_transfer/accuracy \
     --target 0.3 --band ci --no-figures "${MARGIN[@]}" --out "$DOCS/transfer"
 exit $(( failed > 0 ))

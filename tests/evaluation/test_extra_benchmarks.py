@@ -53,6 +53,12 @@ def test_bad_extra_benchmark_is_a_one_line_config_error(extra, message):
         eval_config({"name": "arith", "extra": extra})
 
 
+def test_only_an_extra_benchmark_may_be_final_only():
+    assert eval_config({"name": "a", "extra": [{"name": "b", "final_only": True}]}).benchmarks()[1].final_only
+    with pytest.raises(ConfigError, match="^eval.final_only is for an eval.extra benchmark"):
+        eval_config({"name": "a", "final_only": True})
+
+
 def test_extra_benchmark_data_fails_at_start_up():
     tree = compose_tree("train", ["eval=arith_study", "eval.extra.0.data.loader=nope"])
     with pytest.raises(ConfigError, match="nope"):

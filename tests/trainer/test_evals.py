@@ -11,7 +11,7 @@ from tokenpo.evaluation.config import EvalConfig
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.logger.run_logger import RunLogger
 from tokenpo.evaluation.benchmark import Benchmark
-from tokenpo.trainer.evals import AFTER, evaluate_benchmarks
+from tokenpo.trainer.evals import AFTER, BEFORE, evaluate_benchmarks
 from tokenpo.trainer.identity import RunIdentity
 
 
@@ -55,3 +55,16 @@ def test_between_the_points_nothing_is_written_but_the_tables(tmp_path):
                        enabled=True)
     evaluate_benchmarks(judged, benchmarks(), 10, logger, samples_rows=8, print_samples=1, run_dir=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["samples.jsonl"]
+
+
+def test_a_final_only_benchmark_runs_only_after_the_last_step(tmp_path):
+    logger = RunLogger(LoggerConfig(mode="disabled"), RunIdentity(tmp_path, "r", "g", {}), enabled=True)
+    main, extra = benchmarks()
+    final_only = Benchmark(EvalConfig(name="transfer", final_only=True), extra.examples, extra.data, main=False)
+    kwargs = dict(samples_rows=0, print_samples=0, run_dir=tmp_path)
+    before = evaluate_benchmarks(judged, [main, final_only], 0, logger, point=BEFORE, **kwargs)
+    between = evaluate_benchmarks(judged, [main, final_only], 3, logger, **kwargs)
+    after = evaluate_benchmarks(judged, [main, final_only], 6, logger, point=AFTER, **kwargs)
+    assert sorted(before) == sorted(between) == ["eval/accuracy", "eval/arith/accuracy"]
+    assert after["eval/transfer/accuracy"] == 0.0 and (tmp_path / "eval_after.transfer.json").exists()
+    assert not (tmp_path / "eval_before.transfer.json").exists()

@@ -38,6 +38,8 @@ class EvalConfig:
     before_training: bool = setting(True,
         "Evaluate before the first step as well (verl's val_before_train); the untrained model's score is step 0 of the"
         " curves")
+    final_only: bool = setting(False,
+        "Evaluate only after the last step (an eval.extra benchmark needed only at the end; false on the main one)")
     extra: tuple = setting((),
         "Further benchmarks evaluated at the same steps, each a mapping of the eval keys it changes from this one, name"
         " required (metrics eval/<name>/...; records eval_after.<name>.json)")
@@ -52,7 +54,8 @@ class EvalConfig:
         """The config key of each benchmark's data section, in benchmarks() order (for error messages)."""
         return data_keys(self.extra)
 
-    def validate(self) -> None:
+    def validate(self, main: bool = True) -> None:
+        """`main`: this is eval itself, not an eval.extra entry (only an extra one may be final_only)."""
         check_fields(self, "eval")
         names = [self.name]
         for i, entry in enumerate(self.extra):
@@ -66,9 +69,11 @@ class EvalConfig:
                 f"eval.name and eval.extra names must differ (they name the metrics), got {names}")
         for i, extra in enumerate(self.benchmarks()[1:]):
             try:
-                extra.validate()
+                extra.validate(main=False)
             except ConfigError as err:
                 raise ConfigError(f"eval.extra[{i}] ({extra.name}): {err}") from None
+        require(not (main and self.final_only), "eval.final_only is for an eval.extra benchmark: the main one is evaluated at every"
+                                     " point (set eval.every_steps=0 and eval.before_training=false instead)")
         require(self.greedy or self.n > 0, "eval.greedy is false and eval.n is 0: nothing would be evaluated")
         bad = [k for k in self.pass_k
                if isinstance(k, bool) or not isinstance(k, int) or k < 1 or (self.n and k > self.n)]

@@ -67,9 +67,12 @@ def evaluate_benchmarks(evaluator: Evaluator, benchmarks: list[Benchmark], step:
                         samples_rows: int, print_samples: int, run_dir: Path,
                         point: EvalPoint | None = None) -> dict[str, float]:
     """Every benchmark at this step: their metrics merged, their responses as sample tables (`samples_rows` rows);
-    at a `point`, each one's records into its file and `print_samples` of the main one's answers on the console."""
+    at a `point`, each one's records into its file and `print_samples` of the main one's answers on the console.
+    A `final_only` benchmark is evaluated only at the AFTER point."""
     merged = {}
     for bench in benchmarks:
+        if bench.config.final_only and point is not AFTER:
+            continue
         metrics, records = evaluator(bench, step)
         merged.update(metrics)
         logger.log_samples(step, f"eval/{bench.name}", eval_rows(step, bench.name, records, samples_rows))
