@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from tokenpo import CONF_DIR
 from tokenpo.config import build_config
 from tokenpo.errors import ConfigError
-from tokenpo.plan.context import check_run_context, resolved_max_model_len, run_prompt_lengths
+from tokenpo.plan.context import check_run_context, check_token_budget, resolved_max_model_len, run_prompt_lengths
 from tokenpo.plan.memory import check_memory_plan
 from tokenpo.preflight import check_command_line, check_inputs
 from tokenpo.trainer import rundir
@@ -128,6 +128,7 @@ def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
         check_local_devices(cfg.trainer.nproc, visible_cuda_devices())
     # the data and tokenizer (seconds, no weights): the real prompt lengths for the context check and the memory plan
     prompts = run_prompt_lengths(cfg)
+    check_token_budget(cfg, prompts)
     max_model_len = resolved_max_model_len(cfg.rollout, check_run_context(cfg, prompts))
     if max_model_len != cfg.rollout.vllm.max_model_len:  # vLLM's, null: workers read the tree
         tree.rollout.vllm.max_model_len = cfg.rollout.vllm.max_model_len = max_model_len

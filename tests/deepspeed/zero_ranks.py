@@ -29,8 +29,13 @@ from tokenpo.trainer.step import StepSettings, update_policy
 from tokenpo.trainer.timings import Timings
 
 STAGES = ("zero0", "zero1", "zero2", "zero3", "zero3_offload")
-# micro-batch sizes (rows): a rank's whole share of a mini-batch in one pass, or one group of 2 per pass
-MICRO = {"whole": 64, "accumulated": 2}
+# how a rank's share of a mini-batch splits into passes: all of it in one, one group of 2 per pass, a token budget
+# that puts 1-3 rows (of any groups) in a pass, the same budget packed without padding, and groups dealt to the ranks
+# in turn instead of by tokens
+MICRO = {"whole": ["trainer.micro_batch_size=64"], "accumulated": ["trainer.micro_batch_size=2"],
+         "tokens": ["trainer.micro_batch_tokens=16"],
+         "packed": ["trainer.micro_batch_tokens=16", "trainer.pack_sequences=true"],
+         "round_robin": ["trainer.micro_batch_size=2", "trainer.balance_ranks=round_robin"]}
 GROUPS, GROUP_SIZE, MAX_NEW = 8, 2, 8
 # the fixed batch's prompts and responses (support.runs.fixed_rollouts), the same in the one-process reference
 ROLLOUT_SEED = 1234
@@ -47,7 +52,7 @@ def update_overrides(stage: str, micro: str, algorithm: str = "grpo") -> list[st
     # no-op for the other algorithms)
     return SMALL + [f"algorithm={algorithm}", "algorithm.loss.selection_scope=step", f"deepspeed={stage}", f"data.prompts_per_step={GROUPS}", f"rollout.group_size={GROUP_SIZE}",
                     "trainer.mini_batches=2", "trainer.max_grad_norm=0.5", "trainer.lr=1e-3",
-                    "trainer.warmup_steps=0", f"trainer.micro_batch_size={MICRO[micro]}"]
+                    "trainer.warmup_steps=0", *MICRO[micro]]
 
 
 def sample(cfg, policy: Policy, tokenizer) -> list[list[int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from support.logprobs import GROUP, PROMPTS, RESPONSES, padded_batch
+from support.logprobs import GROUP, PROMPT_INDEX, PROMPTS, RESPONSES, padded_batch
 from tokenpo.models.loading import enable_activation_checkpointing
 from tokenpo.models.logprobs import activation_checkpointing, left_pad, response_logprobs
 
@@ -31,7 +31,7 @@ def reference(model, temperature=1.0, entropy_grad=False):
 
 
 def ours(model, **kwargs):
-    return response_logprobs(model, *padded_batch(), group_size=GROUP, **kwargs)
+    return response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, **kwargs)
 
 
 @pytest.mark.parametrize("chunk_tokens", [1, 7, 1024])

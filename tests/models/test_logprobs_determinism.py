@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from support.logprobs import GROUP, padded_batch
+from support.logprobs import PROMPT_INDEX, padded_batch
 from tokenpo.models.logprobs import response_logprobs
 
 
@@ -43,7 +43,7 @@ def test_the_shared_prompt_gradient_sums_in_a_fixed_order(model):  # noqa: F811
     order (index_select), not by indexing with the repeated group ids, whose atomic adds made concurrently
     started identical runs differ from the first update on."""
     prompt_ids, prompt_mask, response_ids, response_mask = padded_batch()
-    logp, _ = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, group_size=GROUP)
+    logp, _ = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, prompt_index=PROMPT_INDEX)
     assert logp.requires_grad
     assert repeated_index_gathers(logp) == []
     index_selects = [n for n in backward_nodes(logp.grad_fn) if type(n).__name__ == "IndexSelectBackward0"]

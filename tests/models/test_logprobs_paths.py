@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 import torch
-from support.logprobs import GROUP, padded_batch
+from support.logprobs import PROMPT_INDEX, padded_batch
 
 from tokenpo.models.logprobs import response_logprobs, response_token_hidden_states, token_entropy
 
@@ -20,7 +20,7 @@ def plain(model, chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:  # noq
     once, log-prob = z[target] - logsumexp(z), entropy over the same tempered fp32 logits z."""
     prompt_ids, prompt_mask, response_ids, response_mask = padded_batch()
     hidden, rows, cols = response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, response_mask,
-                                                      GROUP)
+                                                      PROMPT_INDEX)
     targets = response_ids[rows, cols]
     logp_parts, entropy_parts = [], []
     for lo in range(0, hidden.shape[0], chunk_tokens):
@@ -54,7 +54,7 @@ def test_every_flag_combination_is_the_plain_path_bitwise(model, chunk_tokens, w
                                                           entropy_grad, recompute_head, grad):
     want_logp, want_entropy = plain(model, chunk_tokens)
     with torch.set_grad_enabled(grad):
-        logp, entropy = response_logprobs(model, *padded_batch(), group_size=GROUP, temperature=TEMPERATURE,
+        logp, entropy = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, temperature=TEMPERATURE,
                                           chunk_tokens=chunk_tokens, with_entropy=with_entropy,
                                           entropy_grad=entropy_grad, recompute_head=recompute_head)
     assert torch.equal(logp, want_logp.detach())

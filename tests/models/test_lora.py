@@ -51,7 +51,7 @@ def batch():
 
 
 def logprobs(model, **kwargs):
-    return response_logprobs(model, *batch(), group_size=GROUP, **kwargs)
+    return response_logprobs(model, *batch(), prompt_index=torch.arange(len(RESPONSES)) // GROUP, **kwargs)
 
 
 def train_adapters(model, seed: int = 3) -> None:

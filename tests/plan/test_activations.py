@@ -43,7 +43,7 @@ def saved_bytes(dtype: torch.dtype, checkpointing: bool) -> tuple[int, int]:
     response = torch.randint(3, VOCAB, (GROUPS * GROUP_SIZE, RESPONSE))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         response_logprobs(model, prompt, torch.ones_like(prompt), response, torch.ones_like(response),
-                          group_size=GROUP_SIZE, with_entropy=False)
+                          prompt_index=torch.arange(GROUPS * GROUP_SIZE) // GROUP_SIZE, with_entropy=False)
     head = GROUPS * GROUP_SIZE * RESPONSE * (VOCAB * P.FP32 + HIDDEN * dtype.itemsize)
     return sum(storages.values()), head
 

@@ -13,6 +13,7 @@ GROUP = 3
 # two groups: prompts of different lengths (left-padded), responses of different lengths (right-padded), one empty
 PROMPTS = [[4, 19, 33, 7, 61], [12, 5]]
 RESPONSES = [[8, 23, 41, 2], [17], [30, 30, 9, 55, 70, 3], [11, 6, 72], [], [44, 9]]
+PROMPT_INDEX = torch.arange(len(RESPONSES)) // GROUP  # each row's prompt: G rows per group
 
 
 def logprob_model():

@@ -74,6 +74,19 @@ def fixed_rollouts(vocab_size: int, verdicts: list[list], max_new: int, seed: in
         rounds=1, generated_groups=groups, mixed_groups=groups)
 
 
+def skewed_rollouts(vocab_size: int, verdicts: list[list], max_new: int, seed: int) -> StepRollouts:
+    """fixed_rollouts with lengths as at paper scale: one response in four at `max_new` tokens, the others 1 to 3,
+    so the longest is >= 10x the median at max_new >= 30 (the sampler's sampled log-probs included, for TIS)."""
+    rollouts = fixed_rollouts(vocab_size, verdicts, max_new, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    for i, response in enumerate(rollouts.response_ids):
+        length = max_new if i % 4 == 1 else int(torch.randint(1, 4, (1,), generator=gen))
+        rollouts.response_ids[i] = (response * max_new)[:length]
+        rollouts.truncated[i] = length == max_new
+    rollouts.sampler_logprobs = [(-torch.rand(len(r), generator=gen)).tolist() for r in rollouts.response_ids]
+    return rollouts
+
+
 def train_run(run_dir: Path, overrides: list[str]) -> dict:
     """train() in this process (every rank calls it) into `run_dir`."""
     from tokenpo.trainer.identity import RunIdentity

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from support.config import ALGORITHM_NAMES, SMALL, compose_config
-from support.runs import fixed_rollouts
+from support.runs import fixed_rollouts, skewed_rollouts
 from tokenpo.models.loading import load_model
 from tokenpo.plan.memory import with_values
 from tokenpo.rewards import CORRECT, WRONG
@@ -74,13 +74,13 @@ def recorded_rows(monkeypatch) -> tuple[list[int], list[int]]:
     with_grad, without = [], []
     logprobs, reference_logprobs = Policy.logprobs, Policy.reference_logprobs
 
-    def spy(policy, tokens, rows_per_prompt, *, grad, **kwargs):
+    def spy(policy, tokens, *, grad, **kwargs):
         (with_grad if grad else without).append(tokens.response_ids.shape[0])
-        return logprobs(policy, tokens, rows_per_prompt, grad=grad, **kwargs)
+        return logprobs(policy, tokens, grad=grad, **kwargs)
 
-    def reference_spy(policy, tokens, rows_per_prompt):
+    def reference_spy(policy, tokens):
         without.append(tokens.response_ids.shape[0])
-        return reference_logprobs(policy, tokens, rows_per_prompt)
+        return reference_logprobs(policy, tokens)
 
     monkeypatch.setattr(Policy, "logprobs", spy)
     monkeypatch.setattr(Policy, "reference_logprobs", reference_spy)
@@ -92,9 +92,10 @@ def recording_policy(cfg, engine: RecordingEngine, reference) -> Policy:
     return Policy(engine, None, reference, torch.device("cpu"), PolicySettings.from_config(cfg))
 
 
-def algorithm_setup(algorithm: str):
-    """(config, tokenizer, initial policy, reference) of a step of `algorithm`, composed once for its updates."""
-    cfg, _ = compose_config(SMALL + [f"algorithm={algorithm}", f"data.prompts_per_step={GROUPS}",
+def algorithm_setup(algorithm: str, overrides: list[str] = ()):
+    """(config, tokenizer, initial policy, reference) of a step of `algorithm` (with `overrides`), composed once for
+    its updates."""
+    cfg, _ = compose_config(SMALL + [*overrides, f"algorithm={algorithm}", f"data.prompts_per_step={GROUPS}",
                                      f"rollout.group_size={GROUP_SIZE}", f"rollout.max_new_tokens={MAX_NEW}",
                                      "trainer.mini_batches=2",
                                      # token selections (Clip-Cov, KL-Cov, 80/20) step-wide, the split-exact mode (a
@@ -106,15 +107,27 @@ def algorithm_setup(algorithm: str):
     return cfg, tokenizer, model, reference
 
 
-def one_update(monkeypatch, setup, micro_batch_size: int):
-    """(recorded gradients of the step's two updates, rows of each pass with grad, rows of each pass without)."""
+def one_update(monkeypatch, setup, micro_batch_size: int, rollouts=None, **trainer):
+    """(recorded gradients of the step's two updates, rows of each pass with grad, rows of each pass without, the
+    step's metrics); `trainer`: other trainer keys (micro_batch_tokens, pack_sequences, ...)."""
     cfg, tokenizer, model, reference = setup
-    cfg = with_values(cfg, trainer__micro_batch_size=micro_batch_size)
+    cfg = with_values(cfg, trainer__micro_batch_size=micro_batch_size,
+                      **{f"trainer__{key}": value for key, value in trainer.items()})
     engine = RecordingEngine(copy.deepcopy(model))
     with_grad, without = recorded_rows(monkeypatch)
-    update_policy(StepSettings.from_config(cfg, tokenizer.pad_token_id), recording_policy(cfg, engine, reference),
-                  fixed_rollouts(len(tokenizer), VERDICTS, MAX_NEW, 4321), Timings())
-    return engine.gradients, with_grad, without
+    rollouts = rollouts or fixed_rollouts(len(tokenizer), VERDICTS, MAX_NEW, 4321)
+    metrics = update_policy(StepSettings.from_config(cfg, tokenizer.pad_token_id),
+                            recording_policy(cfg, engine, reference), copy.deepcopy(rollouts), Timings())
+    return engine.gradients, with_grad, without, metrics
+
+
+def assert_same_gradients(gradients, whole, label: str, atol: float = ATOL, rtol: float = RTOL) -> None:
+    assert len(gradients) == len(whole) == 2
+    for got, want in zip(gradients, whole):
+        assert got.keys() == want.keys()
+        assert any(float(g.abs().max()) > 1e-3 for g in want.values())  # the update moves the weights
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], atol=atol, rtol=rtol, msg=f"{label}: {name}")
 
 
 def test_rows_of_a_group_split_into_slices_the_last_one_shorter():
@@ -129,19 +142,62 @@ def test_rows_of_a_group_split_into_slices_the_last_one_shorter():
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_micro_batches_below_a_group_give_the_whole_group_update(monkeypatch, algorithm):
     setup = algorithm_setup(algorithm)
-    whole, whole_rows, _ = one_update(monkeypatch, setup, GROUP_SIZE)
+    whole, whole_rows, _, _ = one_update(monkeypatch, setup, GROUP_SIZE)
     assert whole_rows == [GROUP_SIZE] * GROUPS  # 2 mini-batches of 2 groups, one group per pass
     for micro_batch_size, rows in ((1, [1] * GROUP_SIZE), (3, [3, 1])):
-        gradients, with_grad, without = one_update(monkeypatch, setup, micro_batch_size)
+        gradients, with_grad, without, _ = one_update(monkeypatch, setup, micro_batch_size)
         assert with_grad == rows * GROUPS
         # the old-policy / reference passes (when the algorithm runs them) use the same slices
         assert without == rows * GROUPS * (len(without) // (len(rows) * GROUPS)), without
-        assert len(gradients) == len(whole) == 2
-        for got, want in zip(gradients, whole):
-            assert got.keys() == want.keys()
-            assert any(float(g.abs().max()) > 1e-3 for g in want.values())  # the update moves the weights
-            for name in want:
-                torch.testing.assert_close(got[name], want[name], atol=ATOL, rtol=RTOL, msg=f"{algorithm}: {name}")
+        assert_same_gradients(gradients, whole, algorithm)
+
+
+SKEWED_MAX_NEW = 32  # one response in four at 32 tokens, the others 1-3: the longest >= 10x the median
+# fp32 sums over other row sets and (packed) attention in another order: measured up to ~2e-6 on gradients of ~1e-1
+PACKED_ATOL = 1e-5
+# (trainer keys, the update passes per mini-batch expected): token budgets that split the groups' rows over passes
+TOKEN_SPLITS = [
+    (dict(micro_batch_tokens=48), None),  # about one long row (prompt 3-7 + 32) with a few short ones per pass
+    (dict(micro_batch_tokens=48, pack_sequences=True), None),
+    (dict(micro_batch_tokens=400), 1),  # every row of a mini-batch in one pass
+    (dict(pack_sequences=True), 2),  # by sequence count (one group per pass), packed
+]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_token_budgets_and_packing_give_the_whole_group_update_on_skewed_lengths(monkeypatch, algorithm):
+    setup = algorithm_setup(algorithm)
+    tokenizer = setup[1]
+    rollouts = skewed_rollouts(len(tokenizer), VERDICTS, SKEWED_MAX_NEW, 99)
+    lengths = sorted(len(r) for r in rollouts.response_ids)
+    assert lengths[-1] >= 10 * lengths[len(lengths) // 2]
+    whole, _, _, _ = one_update(monkeypatch, setup, GROUP_SIZE, rollouts)
+    for trainer, passes in TOKEN_SPLITS:
+        gradients, with_grad, _, metrics = one_update(monkeypatch, setup, GROUP_SIZE, rollouts, **trainer)
+        budget = trainer.get("micro_batch_tokens")
+        if passes is not None:
+            assert metrics["batch/micro_batches"] == passes * 2, trainer
+        if budget == 48:  # rows of one group in different passes
+            assert metrics["batch/micro_batches"] > 4 and any(rows % GROUP_SIZE for rows in with_grad), with_grad
+        if trainer.get("pack_sequences"):
+            assert metrics["batch/padding_frac"] == 0.0
+        else:
+            assert metrics["batch/padding_frac"] > 0.0
+        assert_same_gradients(gradients, whole, f"{algorithm} {trainer}", atol=PACKED_ATOL)
+
+
+@pytest.mark.parametrize("variant", [
+    "algorithm.aggregation=token-mean", "algorithm.aggregation=seq-mean-token-sum",
+    "algorithm.aggregation=seq-mean-token-sum-norm", "algorithm.loss.entropy_coef=0.01",
+    "algorithm.loss.tis_cap=2.0 rollout=vllm", "trainer.recompute_head=true", "model.gradient_checkpointing=true",
+    "model.lora.rank=4"])
+def test_token_budgets_and_packing_are_exact_with_every_aggregation_and_option(monkeypatch, variant):
+    setup = algorithm_setup("grpo", variant.split())  # the config only: no engine is built
+    rollouts = skewed_rollouts(len(setup[1]), VERDICTS, SKEWED_MAX_NEW, 7)
+    whole, _, _, _ = one_update(monkeypatch, setup, GROUP_SIZE, rollouts)
+    for trainer in (dict(micro_batch_tokens=48), dict(micro_batch_tokens=48, pack_sequences=True)):
+        gradients, _, _, _ = one_update(monkeypatch, setup, GROUP_SIZE, rollouts, **trainer)
+        assert_same_gradients(gradients, whole, f"{variant} {trainer}", atol=PACKED_ATOL)
 
 
 def test_the_worst_case_pass_trains_the_largest_slice_of_a_group(monkeypatch):

@@ -36,7 +36,7 @@ def group_tokens(tokenizer):
 
 
 def one_update(policy: Policy, tokens) -> None:
-    out = policy.logprobs(tokens, 2, grad=True, with_entropy=True)
+    out = policy.logprobs(tokens, grad=True, with_entropy=True)
     policy.backward(-(out.logp * tokens.response_mask).sum())
     policy.step()
 
@@ -46,27 +46,27 @@ def test_reference_is_the_initial_policy_and_stays_it(build, lora):
     tokenizer, policy = build(KL + lora + ["trainer.lr=1e-2", "trainer.warmup_steps=0"])
     assert (policy._reference is None) == bool(lora)  # LoRA: no second copy of the weights
     tokens = group_tokens(tokenizer)
-    initial = policy.logprobs(tokens, 2, grad=False, with_entropy=False).logp
-    assert torch.equal(policy.reference_logprobs(tokens, 2), initial)
+    initial = policy.logprobs(tokens, grad=False, with_entropy=False).logp
+    assert torch.equal(policy.reference_logprobs(tokens), initial)
     one_update(policy, tokens)
     assert policy.grad_norm() > 0
-    moved = policy.logprobs(tokens, 2, grad=False, with_entropy=False).logp
+    moved = policy.logprobs(tokens, grad=False, with_entropy=False).logp
     mask = tokens.response_mask.bool()
     assert not torch.allclose(moved[mask], initial[mask])
-    assert torch.equal(policy.reference_logprobs(tokens, 2), initial)
+    assert torch.equal(policy.reference_logprobs(tokens), initial)
 
 
 def test_logprobs_with_grad_are_the_ones_without(build):
     tokenizer, policy = build([])
     tokens = group_tokens(tokenizer)
-    with_grad = policy.logprobs(tokens, 2, grad=True, with_entropy=True, entropy_grad=True)
-    without = policy.logprobs(tokens, 2, grad=False, with_entropy=True)
+    with_grad = policy.logprobs(tokens, grad=True, with_entropy=True, entropy_grad=True)
+    without = policy.logprobs(tokens, grad=False, with_entropy=True)
     assert with_grad.logp.requires_grad and with_grad.entropy.requires_grad
     assert not without.logp.requires_grad
     assert with_grad.logp.shape == without.logp.shape == tokens.response_ids.shape
     torch.testing.assert_close(with_grad.logp.detach(), without.logp, rtol=0, atol=1e-6)
     torch.testing.assert_close(with_grad.entropy.detach(), without.entropy, rtol=0, atol=1e-6)
-    assert policy.logprobs(tokens, 2, grad=False, with_entropy=False).entropy is None
+    assert policy.logprobs(tokens, grad=False, with_entropy=False).entropy is None
 
 
 def test_set_lr_is_the_lr_of_the_next_update(build):
@@ -78,4 +78,4 @@ def test_set_lr_is_the_lr_of_the_next_update(build):
 def test_without_a_kl_term_there_is_no_reference(build):
     tokenizer, policy = build(["algorithm.loss.kl_coef=0.0"])
     with pytest.raises(RuntimeError, match="reference"):
-        policy.reference_logprobs(group_tokens(tokenizer), 2)
+        policy.reference_logprobs(group_tokens(tokenizer))

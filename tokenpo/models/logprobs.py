@@ -8,6 +8,11 @@ Three savings over pushing every (prompt + response) row through the whole model
   which predicts nothing, is not run at all;
 - the output layer, log-softmax and entropy run only on real response positions, `chunk_tokens` rows at
   a time, so a full-vocabulary fp32 tensor is never materialised for the whole batch.
+
+`packed=True` (trainer.pack_sequences) instead concatenates the rows, each its prompt and response, into one sequence
+with restarting position ids: no padding at all, and the attention stays inside each row (transformers builds the
+block-diagonal mask for sdpa and eager from the position ids, and flash-attention's varlen path reads them); each row
+carries its own prompt, so the prompt is not shared by a group's rows.
 """
 
 from __future__ import annotations
@@ -64,6 +69,19 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """H = logsumexp(z) - sum softmax(z) * z over the vocabulary (spec: shared building blocks)."""
     log_z = torch.logsumexp(logits, dim=-1)
     return log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+
+@dataclass
+class PassTokens:
+    """What the decoder passes of `response_logprobs` ran, summed over calls: `fed` token positions (padding
+    included) and the `real` ones among them (prompt and response tokens); 1 − real / fed is the padding fraction."""
+
+    fed: int = 0
+    real: int = 0
+
+    def add(self, fed: int, real: int) -> None:
+        self.fed += int(fed)
+        self.real += int(real)
 
 
 @dataclass(frozen=True)
@@ -152,37 +170,41 @@ def length_buckets(lengths: list[int], overhead_tokens: int = 32) -> list[list[i
     return buckets[::-1]
 
 
-def _repeated_prompt_hidden(model, prompt_ids, prompt_mask, response_ids, response_mask, group_size: int):
-    """Hidden states [B, T, H] predicting each response token, every prompt repeated G times in one pass
+def _repeated_prompt_hidden(model, prompt_ids, prompt_mask, response_ids, response_mask, prompt_index,
+                            tokens: PassTokens):
+    """Hidden states [B, T, H] predicting each response token, each row's prompt repeated for it in one pass
     (gradient checkpointing recomputes activations and cannot run with a KV cache)."""
-    prompt_ids = prompt_ids.repeat_interleave(group_size, 0)
-    prompt_mask = prompt_mask.repeat_interleave(group_size, 0)
+    prompt_ids, prompt_mask = prompt_ids[prompt_index], prompt_mask[prompt_index]
     mask = torch.cat([prompt_mask, response_mask.long()], 1)
+    tokens.add(mask.numel(), mask.sum())
     hidden = model.get_decoder()(input_ids=torch.cat([prompt_ids, response_ids], 1), attention_mask=mask,
                                  position_ids=position_ids_from_mask(mask), use_cache=False).last_hidden_state
     return hidden[:, prompt_ids.shape[1] - 1 : -1]
 
 
-def per_row(prompt_tensor: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """`prompt_tensor`'s entry of each row's group (`groups` repeats each prompt up to G times). index_select, not
-    `prompt_tensor[groups]`: the backward of indexing sums the G rows' gradients with parallel atomic adds on CPU
-    (index_put_ accumulate above 32768 elements, 2+ threads), in an order that depends on thread timing, so
-    identical runs under load differed from the first update on (issue 28); index_select's backward (index_add_)
-    adds them in row order on CPU, and is ~4x faster here. On CUDA both use atomics (not bitwise deterministic)."""
-    return prompt_tensor.index_select(0, groups)
+def per_row(prompt_tensor: torch.Tensor, prompt_index: torch.Tensor) -> torch.Tensor:
+    """`prompt_tensor`'s entry of each row's prompt (`prompt_index` repeats a prompt for each of its rows).
+    index_select, not `prompt_tensor[prompt_index]`: the backward of indexing sums the G rows' gradients with
+    parallel atomic adds on CPU (index_put_ accumulate above 32768 elements, 2+ threads), in an order that depends on
+    thread timing, so identical runs under load differed from the first update on (issue 28); index_select's backward
+    (index_add_) adds them in row order on CPU, and is ~4x faster here. On CUDA both use atomics (not bitwise
+    deterministic)."""
+    return prompt_tensor.index_select(0, prompt_index)
 
 
 def _bucket_hidden(decoder, prompt_last, prompt_kv, prompt_mask, response_embeds, response_mask, rows,
-                   length: int):
-    """Hidden states [rows, length, H] predicting response tokens 0..length-1 of `rows` (row indices of
-    their groups' prompt pass: `prompt_last`, `prompt_kv`, `prompt_mask` are already indexed per row)."""
+                   length: int, tokens: PassTokens):
+    """Hidden states [rows, length, H] predicting response tokens 0..length-1 of `rows` (`prompt_last`, `prompt_kv`,
+    `prompt_mask` are already indexed per row)."""
     if length == 1:
         return prompt_last[:, None]
     cache = DynamicCache()
     for layer, (keys, values) in enumerate(prompt_kv):
         cache.update(keys, values, layer)
     # the last response token predicts nothing: the decoder runs on tokens 0..length-2 only
-    mask = torch.cat([prompt_mask, response_mask[rows, : length - 1].long()], 1)
+    response_part = response_mask[rows, : length - 1]
+    tokens.add(response_part.numel(), response_part.sum())
+    mask = torch.cat([prompt_mask, response_part.long()], 1)
     positions = prompt_mask.sum(-1, keepdim=True) + torch.arange(length - 1, device=prompt_mask.device)
     hidden = decoder(inputs_embeds=response_embeds[rows, : length - 1], attention_mask=mask, position_ids=positions,
                      **kv_cache(decoder, cache), use_cache=True).last_hidden_state
@@ -190,20 +212,66 @@ def _bucket_hidden(decoder, prompt_last, prompt_kv, prompt_mask, response_embeds
     return torch.cat([prompt_last[:, None], hidden], 1)
 
 
-def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, response_mask, group_size: int):
+def _packed_hidden(decoder, prompt_ids, prompt_mask, response_ids, response_mask, prompt_index, tokens: PassTokens):
+    """(hidden [N, H], rows [N], cols [N]) from one pass over the rows packed into a single sequence: row r is its
+    prompt's real tokens then its response but the last token (which predicts nothing), positions restarting at 0.
+    transformers sees positions restart with no attention mask and keeps attention inside each row (its packed-
+    sequence mask for sdpa and eager, cu_seqlens for flash-attention's varlen kernels)."""
+    lengths = response_mask.sum(-1).long().tolist()
+    prompt_lengths = prompt_mask.sum(-1).long().tolist()
+    width = prompt_ids.shape[1]
+    prompt_index = prompt_index.tolist()
+    pieces, positions, targets, rows, cols, offset = [], [], [], [], [], 0
+    for row, (length, prompt) in enumerate(zip(lengths, prompt_index)):
+        if length == 0:
+            continue  # no token to predict
+        prompt_length = prompt_lengths[prompt]
+        pieces += [prompt_ids[prompt, width - prompt_length :], response_ids[row, : length - 1]]
+        size = prompt_length + length - 1
+        positions.append(torch.arange(size))
+        # position prompt_length - 1 + t of the row predicts its response token t
+        targets.append(torch.arange(length) + offset + prompt_length - 1)
+        rows.append(torch.full((length,), row))
+        cols.append(torch.arange(length))
+        offset += size
+    device = response_ids.device
+    if not pieces:
+        empty = torch.zeros(0, dtype=torch.long, device=device)
+        return None, empty, empty
+    tokens.add(offset, offset)
+    hidden = decoder(input_ids=torch.cat(pieces)[None], position_ids=torch.cat(positions).to(device)[None],
+                     attention_mask=None, use_cache=False).last_hidden_state[0]
+    return (hidden.index_select(0, torch.cat(targets).to(device)), torch.cat(rows).to(device),
+            torch.cat(cols).to(device))
+
+
+def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, response_mask,
+                                 prompt_index: torch.Tensor, *, packed: bool = False,
+                                 tokens: PassTokens | None = None):
     """(hidden [N, H], rows [N], cols [N]): the hidden state predicting each real response token (row, col).
 
-    Prompts [B/G, P] are left-padded, responses [B, T] right-padded (G = `group_size`: rows per prompt, a whole
-    group's or, for a micro-batch below a group, its slice's). Each prompt runs once and its KV cache
-    serves its G responses; gradients flow back through the shared prompt. Responses run in buckets of
-    similar length (length_buckets), so short answers are not padded to the longest one of the batch.
+    Prompts [p, P] are left-padded, responses [B, T] right-padded; `prompt_index` [B] names each row's prompt (a
+    group's rows share one: a whole group's, a slice of it, or the rows of it a token-budget micro-batch holds).
+    Each prompt runs once and its KV cache serves its rows; gradients flow back through the shared prompt. Responses
+    run in buckets of similar length (length_buckets), so short answers are not padded to the longest one of the
+    batch. `packed`: one padding-free pass instead (module docstring). `tokens` counts the positions fed.
     """
+    tokens = PassTokens() if tokens is None else tokens
+    prompt_index = prompt_index.to(response_ids.device)
+    if packed:
+        hidden, rows, cols = _packed_hidden(model.get_decoder(), prompt_ids, prompt_mask, response_ids, response_mask,
+                                            prompt_index, tokens)
+        if hidden is None:
+            return model.get_input_embeddings().weight.new_zeros(0, model.config.hidden_size), rows, cols
+        return hidden, rows, cols
     if activation_checkpointing(model) and torch.is_grad_enabled():
-        hidden = _repeated_prompt_hidden(model, prompt_ids, prompt_mask, response_ids, response_mask, group_size)
+        hidden = _repeated_prompt_hidden(model, prompt_ids, prompt_mask, response_ids, response_mask, prompt_index,
+                                         tokens)
         rows, cols = response_mask.bool().nonzero(as_tuple=True)
         return hidden[rows, cols], rows, cols
     decoder = model.get_decoder()
     cache = DynamicCache()
+    tokens.add(prompt_mask.numel(), prompt_mask.sum())
     prompt_last = decoder(input_ids=prompt_ids, attention_mask=prompt_mask,
                           position_ids=position_ids_from_mask(prompt_mask), **kv_cache(decoder, cache),
                           use_cache=True).last_hidden_state[:, -1]
@@ -217,10 +285,10 @@ def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, r
     for bucket in length_buckets(lengths):
         length = max(lengths[row] for row in bucket)
         rows = torch.tensor(bucket, device=real.device)
-        groups = rows // group_size
-        hidden = _bucket_hidden(decoder, per_row(prompt_last, groups),
-                                [(per_row(k, groups), per_row(v, groups)) for k, v in prompt_kv],
-                                prompt_mask[groups], response_embeds, response_mask, rows, length)
+        prompts = prompt_index[rows]
+        hidden = _bucket_hidden(decoder, per_row(prompt_last, prompts),
+                                [(per_row(k, prompts), per_row(v, prompts)) for k, v in prompt_kv],
+                                prompt_mask[prompts], response_embeds, response_mask, rows, length, tokens)
         where = real[rows, :length]
         bucket_rows, cols = where.nonzero(as_tuple=True)
         hidden_parts.append(hidden[bucket_rows, cols])
@@ -239,24 +307,29 @@ def response_logprobs(
     response_ids: torch.Tensor,
     response_mask: torch.Tensor,
     *,
-    group_size: int = 1,
+    prompt_index: torch.Tensor | None = None,
+    packed: bool = False,
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
     with_entropy: bool = True,
     entropy_grad: bool = False,
     recompute_head: bool = False,
+    tokens: PassTokens | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [B, T] (differentiable when grad is enabled) and entropy [B, T] of responses.
 
-    `response_mask` [B, T] marks real response tokens; other positions get 0.
+    `response_mask` [B, T] marks real response tokens; other positions get 0. `prompt_index` [B]: each row's prompt
+    (None: one prompt per row); `packed`, `tokens`: as response_token_hidden_states.
     The entropy is detached unless `entropy_grad` (an entropy-regularised loss): then it is differentiable
     too, through the full softmax of each head chunk; otherwise no graph is kept for it.
     `recompute_head` re-runs each head chunk in the backward pass instead of keeping its logits
     (about 1/3 more head FLOPs for O(chunk) instead of O(tokens x vocab) memory; for 150k vocabularies);
     with `entropy_grad` the chunk's entropy is recomputed with it, so its gradient stays exact.
     """
+    if prompt_index is None:
+        prompt_index = torch.arange(response_ids.shape[0])
     flat_hidden, rows, cols = response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids,
-                                                           response_mask, group_size)
+                                                           response_mask, prompt_index, packed=packed, tokens=tokens)
     flat_targets = response_ids[rows, cols]
     head = model.get_output_embeddings()
     chunk_head = chunk_head_function(with_entropy, entropy_grad, recompute_head, torch.is_grad_enabled())

@@ -115,6 +115,16 @@ def check_run_context(cfg: TrainConfig, prompts: PromptLengths) -> int | None:
     return check_context(generation_budgets(cfg, prompts), arch.context_length, where, max_model_len)
 
 
+def check_token_budget(cfg: TrainConfig, prompts: PromptLengths) -> None:
+    """ConfigError (one line) when trainer.micro_batch_tokens cannot hold the longest training sequence: the longest
+    prompt + rollout.max_new_tokens (a longer row would run alone, over the budget the memory plan assumed)."""
+    budget, longest = cfg.trainer.micro_batch_tokens, prompts.train + cfg.rollout.max_new_tokens
+    if budget is not None and budget < longest:
+        raise ConfigError(f"trainer.micro_batch_tokens={budget} is below the longest training sequence: a "
+                          f"{prompts.train}-token prompt + rollout.max_new_tokens={cfg.rollout.max_new_tokens} = "
+                          f"{longest}; raise it to at least {longest}")
+
+
 def resolved_max_model_len(rollout, longest: int | None) -> int | None:
     """rollout.vllm.max_model_len to run with: as set; null (vLLM) becomes the run's longest sequence, as verl sets
     max_model_len from its prompt and response lengths, so vLLM never stops a response where the model's whole

@@ -117,7 +117,7 @@ def lora_parameters(arch: Architecture, cfg: TrainConfig) -> int:
 
 def run_shapes(cfg: TrainConfig, world: int, prompt_tokens: int | None) -> Shapes:
     """Worst case: the longest prompt, every response at max_new_tokens; the largest generate call and the
-    largest micro-batch (tokenpo.trainer.batch.group_micro_batches) one process meets."""
+    largest micro-batch (tokenpo.trainer.batch.update_plan) one process meets."""
     g = cfg.rollout.group_size
     prompt = prompt_tokens or cfg.data.max_prompt_tokens or DEFAULT_PROMPT_TOKENS
     drawn = cfg.data.prompts_per_step
@@ -126,7 +126,12 @@ def run_shapes(cfg: TrainConfig, world: int, prompt_tokens: int | None) -> Shape
         drawn = alg.prompts_per_round(drawn, dynamic_sampling.oversample, world)
     groups_per_update = max(1, cfg.data.prompts_per_step // (world * cfg.trainer.mini_batches))
     rows = cfg.trainer.micro_batch_size
-    if rows < g:
+    budget = cfg.trainer.micro_batch_tokens
+    if budget is not None:
+        # a token budget: as many rows of prompt + max_new_tokens as it holds (at least one), from consecutive groups
+        micro_rows = min(max(1, budget // (prompt + cfg.rollout.max_new_tokens)), groups_per_update * g)
+        micro_groups, micro_batches = math.ceil(micro_rows / g), math.ceil(groups_per_update * g / micro_rows)
+    elif rows < g:
         # below a group a micro-batch is a slice of one group's rows, its prompt run once: ceil(G / rows) per group
         micro_groups, micro_rows, micro_batches = 1, rows, groups_per_update * math.ceil(g / rows)
     else:
@@ -175,7 +180,7 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
     if rollout.engine == "hf":
         parts.append(P.hf_rollout(arch, shapes.rollout_rows, shapes.prompt_tokens, shapes.new_tokens, elem))
     activations = P.activations(arch, shapes.micro_rows, shapes.micro_groups, shapes.prompt_tokens,
-                                shapes.new_tokens, elem, cfg.model.gradient_checkpointing)
+                                shapes.new_tokens, elem, cfg.model.gradient_checkpointing, cfg.trainer.pack_sequences)
     head = P.head_chunks(arch, shapes.micro_rows * shapes.new_tokens, cfg.trainer.logit_chunk_tokens,
                          cfg.trainer.recompute_head, alg.needs_entropy_grad(cfg.algorithm))
     parts += [activations, head]
@@ -241,6 +246,11 @@ def with_values(cfg: TrainConfig, **changes) -> TrainConfig:
 
 
 def smaller_micro_batches(cfg: TrainConfig) -> list[ChangeOption]:
+    budget = cfg.trainer.micro_batch_tokens
+    if budget is not None:  # halved while it holds a whole response
+        budgets = [budget // 2**k for k in range(1, budget.bit_length()) if budget // 2**k > cfg.rollout.max_new_tokens]
+        return [ChangeOption(f"trainer.micro_batch_tokens={size}", with_values(cfg, trainer__micro_batch_tokens=size))
+                for size in budgets]
     sizes = [cfg.trainer.micro_batch_size // 2**k for k in range(1, cfg.trainer.micro_batch_size.bit_length())]
     return [ChangeOption(f"trainer.micro_batch_size={size}", with_values(cfg, trainer__micro_batch_size=size))
             for size in sizes]

@@ -164,8 +164,13 @@ def final_norm_bytes(arch: Architecture, tokens: int, elem: int) -> int:
 
 
 def activations(arch: Architecture, rows: int, groups: int, prompt_tokens: int, new_tokens: int, elem: int,
-                checkpointing: bool) -> Part:
+                checkpointing: bool, packed: bool = False) -> Part:
     """The largest micro-batch's forward/backward (tokenpo.models.logprobs.response_token_hidden_states).
+
+    Packed (trainer.pack_sequences): the rows run as one sequence of rows x (P + T - 1) tokens, each row its own
+    prompt; every layer keeps its activations and keys and values of every token (without checkpointing), and the
+    attention mask SDPA and eager get is one [S, S] bool tensor for all layers (flash-attention's varlen path on a GPU
+    builds none: an over-estimate there).
 
     Without checkpointing each group's prompt runs once and its KV cache serves its rows, whose responses (but
     the last token, which predicts nothing) run over it: every layer keeps its activations of groups x P +
@@ -175,6 +180,17 @@ def activations(arch: Architecture, rows: int, groups: int, prompt_tokens: int, 
     while that layer is recomputed in the backward pass.
     """
     per_token, layers, h = layer_activation_bytes(arch, elem), arch.num_layers, arch.hidden_size
+    if packed:
+        tokens = rows * (prompt_tokens + max(new_tokens - 1, 0))
+        mask = tokens * tokens  # bool
+        if checkpointing:
+            one_layer = tokens * per_token + attention_keys_bytes(arch, tokens, elem)
+            held = layers * tokens * h * elem + one_layer
+        else:
+            held = layers * (tokens * per_token + attention_keys_bytes(arch, tokens, elem))
+        held += mask + final_norm_bytes(arch, tokens, elem)
+        return Part("activations", held, UPDATE, f"packed: {rows} rows in one sequence of {tokens} tokens"
+                                                 f"{', checkpointed' if checkpointing else ''}")
     if checkpointing:
         seq = prompt_tokens + new_tokens
         tokens = rows * seq

@@ -85,6 +85,9 @@ class RolloutConfig:
     top_p: float = setting(1.0, "Nucleus sampling mass (papers: 1.0 for training)", gt=0, le=1)
     share_prefill: bool = setting(True, "Run each prompt's prefill once and share its KV cache across its G samples")
     eos_tokens: tuple = setting((), "Extra token ids that end a response (the tokenizer's EOS always does)")
+    hf_stop_check_every: int | None = setting(None,
+        "hf engine: decode steps between host checks that drop stopped rows from the batch (null: 1 on CPU, where a "
+        "check is free; 16 on GPUs, where each one stalls kernel launches); the tokens do not depend on it", ge=1)
     vllm: VLLMConfig = section(VLLMConfig,
         "vLLM's own settings (read only by the vllm engine; share_prefill does not apply: vLLM's prefix cache shares "
         "prompts)")

@@ -31,6 +31,18 @@ class TrainerConfig:
         "Sequences per forward/backward pass on one process (memory knob; the result does not depend on it): whole "
         "groups at >= rollout.group_size, below it a slice of one group's rows (down to 1, as verl's "
         "ppo_micro_batch_size_per_gpu)", ge=1)
+    micro_batch_tokens: int | None = setting(None,
+        "Prompt + response tokens per forward/backward pass on one process (null = by micro_batch_size): rows packed "
+        "first-fit decreasing by length, a group's rows free to land in different passes, the same update (verl's "
+        "use_dynamic_bsz + ppo_max_token_len_per_gpu); at least the longest prompt + rollout.max_new_tokens",
+        ge=1, requirement=">= 1 or null")
+    pack_sequences: bool = setting(False,
+        "Run each pass's rows as one padding-free sequence, positions restarting per row, attention kept inside each "
+        "row (verl's use_remove_padding); each row carries its own prompt (not shared by a group's rows)")
+    balance_ranks: str = setting("tokens",
+        "How the update's groups go to processes: tokens (longest first to the least-loaded process, equal counts, "
+        "so no process waits long for one that drew the long answers) | round_robin (group i to process i mod N)",
+        choices=("tokens", "round_robin"))
     nproc: int = setting(1,
         "Local worker processes this job starts itself (1 = none; >1 runs DeepSpeed over gloo/NCCL on this machine)",
         ge=1)

@@ -28,7 +28,7 @@ from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import build_policy_engine, build_reference, forward_in_engine, partitioned_loading
 from tokenpo.deepspeed.export import zero3_16bit_state_dict
 from tokenpo.models.loading import load_model
-from tokenpo.models.logprobs import response_logprobs
+from tokenpo.models.logprobs import PassTokens, response_logprobs
 from tokenpo.models.lora import adapters_disabled, save_merged_and_adapter
 from tokenpo.models.modes import no_dropout
 from tokenpo.trainer import checkpoint
@@ -53,11 +53,12 @@ class PolicySettings:
     chunk_tokens: int  # trainer.logit_chunk_tokens: output-layer rows computed at a time
     recompute_head: bool  # trainer.recompute_head: the update's output layer recomputed in the backward
     lora: dict | None  # model.lora settings (LoraConfig.settings()); None: full fine-tuning
+    pack_sequences: bool = False  # trainer.pack_sequences: every pass's rows as one padding-free sequence
 
     @classmethod
     def from_config(cls, cfg: TrainConfig) -> PolicySettings:
         return cls(cfg.rollout.temperature or 1.0, cfg.trainer.logit_chunk_tokens, cfg.trainer.recompute_head,
-                   cfg.model.lora.settings())
+                   cfg.model.lora.settings(), cfg.trainer.pack_sequences)
 
 
 class Policy:
@@ -96,31 +97,31 @@ class Policy:
         engine = build_policy_engine(model, optimizer, cfg.deepspeed, **sizes)
         return tokenizer, cls(engine, optimizer, reference, device, settings)
 
-    def _forward(self, model, tokens: GroupTokens, rows_per_prompt: int, *, with_entropy: bool,
-                 entropy_grad: bool = False, recompute_head: bool = False) -> TokenLogprobs:
+    def _forward(self, model, tokens: GroupTokens, *, with_entropy: bool, entropy_grad: bool = False,
+                 recompute_head: bool = False, fed: PassTokens | None = None) -> TokenLogprobs:
         logp, entropy = forward_in_engine(
             model, response_logprobs, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids,
-            tokens.response_mask, group_size=rows_per_prompt, temperature=self.settings.temperature,
-            chunk_tokens=self.settings.chunk_tokens, with_entropy=with_entropy, entropy_grad=entropy_grad,
-            recompute_head=recompute_head)
+            tokens.response_mask, prompt_index=tokens.prompt_index, packed=self.settings.pack_sequences,
+            temperature=self.settings.temperature, chunk_tokens=self.settings.chunk_tokens, with_entropy=with_entropy,
+            entropy_grad=entropy_grad, recompute_head=recompute_head, tokens=fed)
         return TokenLogprobs(logp, entropy if with_entropy else None)
 
-    def logprobs(self, tokens: GroupTokens, rows_per_prompt: int, *, grad: bool, with_entropy: bool,
-                 entropy_grad: bool = False) -> TokenLogprobs:
-        """The policy's log-probs of `tokens`' responses (each prompt once for its `rows_per_prompt` rows). `grad`:
-        the update's pass, through the engine (its hooks count the micro-batch), dropout on, the output layer
-        recomputed in the backward per trainer.recompute_head; else without grad and without dropout (the old
-        policy)."""
+    def logprobs(self, tokens: GroupTokens, *, grad: bool, with_entropy: bool, entropy_grad: bool = False,
+                 fed: PassTokens | None = None) -> TokenLogprobs:
+        """The policy's log-probs of `tokens`' responses (each prompt once for its rows, or packed per
+        trainer.pack_sequences). `grad`: the update's pass, through the engine (its hooks count the micro-batch),
+        dropout on, the output layer recomputed in the backward per trainer.recompute_head; else without grad and
+        without dropout (the old policy). `fed` counts the token positions the decoder ran."""
         if grad:
-            return self._forward(self.engine, tokens, rows_per_prompt, with_entropy=with_entropy,
-                                 entropy_grad=entropy_grad, recompute_head=self.settings.recompute_head)
+            return self._forward(self.engine, tokens, with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                 recompute_head=self.settings.recompute_head, fed=fed)
         with torch.no_grad(), no_dropout(self.module):
-            return self._forward(self.module, tokens, rows_per_prompt, with_entropy=with_entropy)
+            return self._forward(self.module, tokens, with_entropy=with_entropy, fed=fed)
 
-    def reference_logprobs(self, tokens: GroupTokens, rows_per_prompt: int) -> torch.Tensor:
+    def reference_logprobs(self, tokens: GroupTokens) -> torch.Tensor:
         """[rows, T] log-probs under the KL reference, the initial policy, without grad."""
         with torch.no_grad(), no_dropout(self.module), self._reference_model() as reference:
-            return self._forward(reference, tokens, rows_per_prompt, with_entropy=False).logp
+            return self._forward(reference, tokens, with_entropy=False).logp
 
     def _reference_model(self) -> contextlib.AbstractContextManager:
         """The frozen copy where one was built, else (LoRA) the policy's own module with its adapters switched off,

@@ -15,7 +15,7 @@ from tokenpo.deepspeed import dist
 from tokenpo.rewards import CORRECT, GOLD_INVALID, RewardConfig, RewardScorer, count_verdicts, format_reward
 from tokenpo.rollout.config import RolloutConfig
 from tokenpo.rollout.engine import RolloutEngine, SamplingParams
-from tokenpo.trainer.batch import GroupTokens, MicroBatch, pad_groups
+from tokenpo.trainer.batch import BatchSplit, GroupTokens, MicroBatch, UpdatePlan, pad_groups, update_plan
 from tokenpo.trainer.timings import Timings
 
 
@@ -60,12 +60,12 @@ class StepRollouts:
     def tokens(self, micro: MicroBatch, pad_id: int, device: torch.device) -> GroupTokens:
         """One micro-batch's tensors: each of its prompts once (left-padded), its rows' responses (right-padded)."""
         return pad_groups([self.prompt_ids[i] for i in micro.groups], [self.response_ids[i] for i in micro.rows],
-                          pad_id, device)
+                          pad_id, device, micro.prompt_index(self.group_size))
 
-    def longest(self) -> list[int]:
-        """Each group's longest response (micro-batches group similar ones: less padding)."""
-        g, lengths = self.group_size, [len(r) for r in self.response_ids]
-        return [max(lengths[i * g : (i + 1) * g]) for i in range(len(self.examples))]
+    def plan(self, split: BatchSplit, mini_batches: int, world: int) -> UpdatePlan:
+        """Which rank trains which rows in which micro-batches (tokenpo.trainer.batch.update_plan)."""
+        return update_plan(split, [len(p) for p in self.prompt_ids], [len(r) for r in self.response_ids],
+                           mini_batches, world)
 
 
 def sampling_params(rollout: RolloutConfig, stop_token_ids: list[int]) -> SamplingParams:

@@ -27,7 +27,8 @@ from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
 from tokenpo.rewards import CORRECT, GOLD_INVALID, RewardConfig
 from tokenpo.rollout.engine import RolloutEngine
-from tokenpo.trainer.batch import group_micro_batches, pad_to
+from tokenpo.models.logprobs import PassTokens
+from tokenpo.trainer.batch import BatchSplit, MicroBatch, UpdatePlan, pad_to
 from tokenpo.trainer.policy import Policy
 from tokenpo.trainer.rollouts import (RolloutSource, StepRollouts, dynamic_sampling_metrics, fill_batch,
                                       format_rewards, mixed_group_ids, rollout_metrics)
@@ -42,15 +43,22 @@ class StepSettings:
     reward: RewardConfig  # how training answers are judged: the format reward's pattern and weight
     prompts_per_step: int  # groups in the step's batch
     max_new_tokens: int  # the response cap (overlong shaping reads it)
-    micro_batch_size: int  # sequences per forward/backward pass
+    micro_batch_size: int  # sequences per forward/backward pass (without a token budget)
     mini_batches: int  # optimizer updates per step, each on a slice of the groups
     pad_token_id: int
     seed: int = 0  # the run's seed: with the step it seeds a token selection's random draws
+    micro_batch_tokens: int | None = None  # prompt + response tokens per pass (None: by micro_batch_size)
+    balance_ranks: str = "tokens"  # how groups go to ranks: tokens | round_robin
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, pad_token_id: int) -> StepSettings:
         return cls(cfg.algorithm, cfg.reward_for(cfg.data), cfg.data.prompts_per_step, cfg.rollout.max_new_tokens,
-                   cfg.trainer.micro_batch_size, cfg.trainer.mini_batches, pad_token_id, cfg.seed)
+                   cfg.trainer.micro_batch_size, cfg.trainer.mini_batches, pad_token_id, cfg.seed,
+                   cfg.trainer.micro_batch_tokens, cfg.trainer.balance_ranks)
+
+    def split(self, group_size: int) -> BatchSplit:
+        """How a step of groups of `group_size` rows splits into passes."""
+        return BatchSplit(group_size, self.micro_batch_size, self.micro_batch_tokens, self.balance_ranks)
 
     @property
     def needs_old_logprobs(self) -> bool:
@@ -137,21 +145,22 @@ def collect_rollouts(step: int, source: RolloutSource, sampler: PromptSampler, n
 
 def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, timings: Timings,
                   step: int = 0, entropy_coef: float | None = None) -> dict[str, float]:
-    """Advantages on the whole batch, then `run.mini_batches` optimizer updates on this rank's groups; the step's
-    update and rollout metrics (the same on every rank). `step` seeds a token selection's random draws;
-    `entropy_coef`: the entropy bonus's coefficient this step (None: algorithm.loss.entropy_coef)."""
-    g, num_groups = rollouts.group_size, len(rollouts.examples)
-    mine = list(range(dist.rank(), num_groups, dist.world_size()))  # this rank trains every world_size-th group
-    longest = rollouts.longest()  # [groups]: micro-batches put groups of similar length together
+    """Advantages on the whole batch, then `run.mini_batches` optimizer updates, each rank on its share of the rows
+    (`StepRollouts.plan`); the step's update and rollout metrics (the same on every rank). `step` seeds a token
+    selection's random draws; `entropy_coef`: the entropy bonus's coefficient this step (None:
+    algorithm.loss.entropy_coef)."""
+    g = rollouts.group_size
+    plan = rollouts.plan(run.split(g), run.mini_batches, dist.world_size())
+    mine = plan.of_rank(dist.rank())  # [mini-batch] -> this rank's micro-batches
 
-    # the no-grad passes the algorithm asks for, on this rank's rows: {row: [n_row]} CPU tensors
+    # the no-grad passes the algorithm asks for, on this rank's rows in the update's micro-batches: {row: [n_row]}
     old_logp = old_entropy = ref_logp = None
     if run.needs_old_logprobs:
         with timings("old_logprob"):
-            old_logp, old_entropy = row_logprobs(run, policy, rollouts, mine, longest, reference=False)
+            old_logp, old_entropy = row_logprobs(run, policy, rollouts, mine, reference=False)
     if alg.needs_reference(run.algorithm):
         with timings("reference"):
-            ref_logp, _ = row_logprobs(run, policy, rollouts, mine, longest, reference=True)
+            ref_logp, _ = row_logprobs(run, policy, rollouts, mine, reference=True)
 
     # the algorithm's view of the global batch: [N] per sequence, [N, T] per token
     lengths = torch.tensor([len(r) for r in rollouts.response_ids], dtype=torch.long)
@@ -180,17 +189,15 @@ def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, tim
     rollouts.rewards = prepared.rewards.tolist()  # for the samples table (tokenpo.logger.samples)
     metrics = dict(prepared.metrics)
 
-    # the updates: mini-batch k trains groups [k * per_mini, (k + 1) * per_mini), each in micro-batches
-    means, loss_total = WeightedMeans(), 0.0
-    per_mini = num_groups // run.mini_batches
+    # the updates: mini-batch k trains groups [k * n, (k + 1) * n), n = groups / mini_batches, in micro-batches
+    means, loss_total, fed = WeightedMeans(), 0.0, PassTokens()
     with timings("update"):
-        for mini_batch, lo in enumerate(range(0, num_groups, per_mini)):
-            in_mini = [i for i in mine if lo <= i < lo + per_mini]
-            for micro in group_micro_batches(in_mini, longest, run.micro_batch_size, g):
+        for mini_batch, micro_batches in enumerate(mine):
+            for micro in micro_batches:
                 rows = micro.rows  # [b] indices into N
                 tokens = rollouts.tokens(micro, run.pad_token_id, policy.device)
-                out = policy.logprobs(tokens, micro.rows_per_prompt, grad=True, with_entropy=True,
-                                      entropy_grad=alg.needs_entropy_grad(run.algorithm))  # [b, t] each
+                out = policy.logprobs(tokens, grad=True, with_entropy=True,
+                                      entropy_grad=alg.needs_entropy_grad(run.algorithm), fed=fed)  # [b, t] each
                 cols = out.logp.shape[1]
 
                 def padded(per_row: dict[int, torch.Tensor]) -> torch.Tensor:  # the rows' [b, t]
@@ -212,7 +219,9 @@ def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, tim
             policy.step()
     metrics.update(means.reduce())
     metrics.update(rollout_metrics(rollouts, batch, prepared))
-    metrics["loss"] = sum(dist.all_gather_objects(loss_total)) / run.mini_batches
+    totals = dist.all_gather_objects((loss_total, fed.fed, fed.real))
+    metrics["loss"] = sum(total for total, _, _ in totals) / run.mini_batches
+    metrics.update(pass_metrics(plan, sum(f for _, f, _ in totals), sum(r for _, _, r in totals)))
     metrics["grad_norm"] = policy.grad_norm()
     metrics["lr"] = policy.lr()
     return metrics
@@ -220,17 +229,17 @@ def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, tim
 
 # --- helpers of the step, in the order it calls them ---
 
-def row_logprobs(run: StepSettings, policy: Policy, rollouts: StepRollouts, groups: list[int], longest: list[int],
+def row_logprobs(run: StepSettings, policy: Policy, rollouts: StepRollouts, micro_batches: list[list[MicroBatch]],
                  *, reference: bool) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-    """Per-row log-probs and entropy ({row: [n_row]} on the CPU) of `groups`, without grad, in the update's
-    micro-batches: the old policy's (with its entropy), or (`reference`) the KL reference's."""
+    """Per-row log-probs and entropy ({row: [n_row]} on the CPU), without grad, in `micro_batches` (per mini-batch:
+    the update's): the old policy's (with its entropy), or (`reference`) the KL reference's."""
     logps, entropies = {}, {}
-    for micro in group_micro_batches(groups, longest, run.micro_batch_size, rollouts.group_size):
+    for micro in (micro for per_mini in micro_batches for micro in per_mini):
         tokens = rollouts.tokens(micro, run.pad_token_id, policy.device)
         if reference:
-            logp, entropy = policy.reference_logprobs(tokens, micro.rows_per_prompt), None
+            logp, entropy = policy.reference_logprobs(tokens), None
         else:
-            out = policy.logprobs(tokens, micro.rows_per_prompt, grad=False, with_entropy=True)
+            out = policy.logprobs(tokens, grad=False, with_entropy=True)
             logp, entropy = out.logp, out.entropy
         for k, i in enumerate(micro.rows):
             n = int(tokens.response_mask[k].sum())
@@ -238,6 +247,16 @@ def row_logprobs(run: StepSettings, policy: Policy, rollouts: StepRollouts, grou
             if entropy is not None:
                 entropies[i] = entropy[k, :n].cpu()
     return logps, entropies
+
+
+def pass_metrics(plan: UpdatePlan, fed: int, real: int) -> dict[str, float]:
+    """The update passes of every rank: their padding (the fraction of the token positions they ran that were
+    padding), tokens per pass, passes per rank, and how far the busiest rank's tokens are above the mean."""
+    passes = sum(len(per_rank) for per_mini in plan.passes for per_rank in per_mini)
+    return {"batch/padding_frac": 1.0 - real / fed if fed else 0.0,
+            "batch/tokens_per_micro_batch": fed / passes if passes else 0.0,
+            "batch/micro_batches": float(sum(len(per_mini[0]) for per_mini in plan.passes)),
+            "batch/rank_imbalance": plan.rank_imbalance}
 
 
 def gather_rows(local_rows: dict[int, torch.Tensor], num_rows: int, width: int) -> torch.Tensor:

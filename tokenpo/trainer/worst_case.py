@@ -23,7 +23,6 @@ from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
 from tokenpo.plan.memory import Shapes, build_plan, device_type, memory_limit, run_shapes
 from tokenpo.plan.units import format_bytes
-from tokenpo.trainer.batch import group_micro_batches
 from tokenpo.trainer.policy import Policy
 from tokenpo.trainer.rollouts import StepRollouts
 from tokenpo.trainer.step import StepSettings, row_logprobs
@@ -37,9 +36,11 @@ def worst_case_enabled(flag: bool | None, device: torch.device) -> bool:
 
 
 def worst_case_rollouts(prompt_ids: list[list[int]], group_size: int, shapes: Shapes) -> StepRollouts:
-    """The largest micro-batch's groups: the `micro_groups` longest training prompts, each with G responses of
-    max_new_tokens tokens (their ids do not matter for memory: the first prompt's first token)."""
-    prompts = sorted(prompt_ids, key=len, reverse=True)[: shapes.micro_groups]
+    """The largest micro-batch's groups: the `micro_groups` longest training prompts (repeated when there are fewer),
+    each with G responses of max_new_tokens tokens (their ids do not matter for memory: the first prompt's first
+    token)."""
+    longest_first = sorted(prompt_ids, key=len, reverse=True)
+    prompts = [longest_first[i % len(longest_first)] for i in range(shapes.micro_groups)]
     filler = [prompts[0][0]] * shapes.new_tokens
     rows = len(prompts) * group_size
     return StepRollouts(examples=[Example("worst-case", "", "")] * len(prompts), prompt_ids=prompts,
@@ -53,20 +54,20 @@ def run_worst_case(cfg: TrainConfig, run: StepSettings, policy: Policy, prompt_i
     shapes = run_shapes(cfg, dist.world_size(), None)
     rollouts = worst_case_rollouts(prompt_ids, cfg.rollout.group_size, shapes)
     shapes.prompt_tokens = len(rollouts.prompt_ids[0])
-    groups = list(range(len(rollouts.prompt_ids)))
-    longest = [shapes.new_tokens] * len(groups)
+    # one process, one mini-batch: this process's micro-batches of the largest shapes
+    micro_batches = rollouts.plan(run.split(cfg.rollout.group_size), 1, 1).of_rank(0)
     devices = [policy.device] if policy.device.type == "cuda" else []
     start = time.perf_counter()
     with out_of_memory_reported(cfg, "the worst-case pass before step 1", shapes), \
             torch.random.fork_rng(devices=devices):
         if run.needs_old_logprobs:
-            row_logprobs(run, policy, rollouts, groups, longest, reference=False)
+            row_logprobs(run, policy, rollouts, micro_batches, reference=False)
         if alg.needs_reference(run.algorithm):
-            row_logprobs(run, policy, rollouts, groups, longest, reference=True)
-        # every micro-batch here has the same shapes: the first is the largest one
-        largest = group_micro_batches(groups, longest, run.micro_batch_size, cfg.rollout.group_size)[0]
-        out = policy.logprobs(rollouts.tokens(largest, run.pad_token_id, policy.device), largest.rows_per_prompt,
-                              grad=True, with_entropy=True, entropy_grad=alg.needs_entropy_grad(run.algorithm))
+            row_logprobs(run, policy, rollouts, micro_batches, reference=True)
+        # every row here has the same length: the first micro-batch is the largest one
+        largest = micro_batches[0][0]
+        out = policy.logprobs(rollouts.tokens(largest, run.pad_token_id, policy.device), grad=True,
+                              with_entropy=True, entropy_grad=alg.needs_entropy_grad(run.algorithm))
         entropy = out.entropy
         loss = out.logp.sum() + (entropy.sum() if entropy is not None and entropy.requires_grad else 0.0)
         policy.backward(loss * 0.0)

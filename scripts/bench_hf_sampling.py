@@ -1,0 +1,177 @@
+"""The `hf` engine's decode loop and sampler before and after the two-level inverse CDF and the stop check on the
+device (rollout.hf_stop_check_every), in one process, interleaved.
+
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_hf_sampling.py [--repeats 5] [--threads 1]
+
+1. generate_hf on SmolLM2-135M (the embedded model) for step 1's 8 prompts x 4 samples x 64 new tokens (temperature
+   1, the tokenizer's EOS stops a row): the previous loop (a host check every token, a float64 cumulative sum over
+   the vocabulary; copied below, it is no longer in the package), the new one with the CPU's default check interval
+   (1), and with 16 (a GPU's default). Generated tokens per second of wall clock, per run and the median.
+2. The sampler alone on [32, 49152] and [32, 151936] random logits (SmolLM2's and Qwen2.5's vocabularies): ms per
+   sample_next call, previous vs new, and whether they picked the same tokens from the same generator.
+
+Old and new alternate within each repeat; the machine's load average is printed before and after (a shared machine
+slows both alike, which the interleaving spreads over both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+from transformers import DynamicCache
+
+from tokenpo.models.logprobs import kv_cache, left_pad, position_ids_from_mask
+from tokenpo.models.modes import no_dropout
+from tokenpo.rollout.engine import Responses, SamplingParams
+from tokenpo.rollout.hf import generate_hf, sample_next
+
+
+def previous_sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+    """tokenpo.rollout.hf.sample_next before: one float64 cumulative sum over the vocabulary per row."""
+    if params.temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float()
+    probs = torch.softmax(logits if params.temperature == 1 else logits / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    cdf = probs.double().cumsum(-1)
+    total = cdf[:, -1:]
+    uniform = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device)
+    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
+
+
+@torch.no_grad()
+def previous_generate_hf(model, prompt_ids, params: SamplingParams, pad_id: int,
+                         generator: torch.Generator) -> Responses:
+    """tokenpo.rollout.hf.generate_hf before: the host checks `going` every token and drops stopped rows at once."""
+    with no_dropout(model):
+        device = next(model.parameters()).device
+        ids, mask = left_pad(prompt_ids, pad_id)
+        ids, mask = ids.to(device), mask.to(device)
+        g = params.num_samples
+        if not params.share_prefill:
+            ids, mask = ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0)
+        cache = DynamicCache()
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                    **kv_cache(model, cache), use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1]
+        if params.share_prefill and g > 1:
+            cache.batch_repeat_interleave(g)
+            logits = logits.repeat_interleave(g, 0)
+            mask = mask.repeat_interleave(g, 0)
+        rows = logits.shape[0]
+        stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=device)
+        tokens = torch.full((rows, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
+        lengths = torch.zeros(rows, dtype=torch.long, device=device)
+        running = torch.arange(rows, device=device)
+        position = mask.sum(-1)
+        for step in range(params.max_new_tokens):
+            next_ids = previous_sample_next(logits, params, generator)
+            tokens[running, step] = next_ids
+            lengths[running] += 1
+            going = ~torch.isin(next_ids, stop)
+            if step + 1 == params.max_new_tokens or not bool(going.any()):
+                break
+            if not bool(going.all()):
+                keep = going.nonzero().squeeze(-1)
+                running, next_ids, mask, position = running[keep], next_ids[keep], mask[keep], position[keep]
+                cache.batch_select_indices(keep)
+            mask = torch.cat([mask, mask.new_ones(len(running), 1)], dim=1)
+            out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position[:, None],
+                        **kv_cache(model, cache), use_cache=True)
+            position = position + 1
+            logits = out.logits[:, -1]
+        stopped = torch.isin(tokens.gather(1, (lengths - 1)[:, None]).squeeze(1), stop).tolist()
+        return Responses(token_ids=[row[:n] for row, n in zip(tokens.tolist(), lengths.tolist())],
+                         truncated=[not s for s in stopped])
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def summary(values: list[float], unit: str) -> str:
+    return (f"median {statistics.median(values):8.2f} {unit} (min {min(values):.2f}, max {max(values):.2f}, "
+            f"n {len(values)})")
+
+
+def generation(repeats: int, prompts: int, group_size: int, new_tokens: int) -> None:
+    from tokenpo.bench.settings import BenchSettings, step_examples, train_config
+    from tokenpo.data.prompts import prompt_token_ids
+    from tokenpo.evaluation.benchmark import stop_token_ids
+    from tokenpo.models.loading import load_model
+
+    cfg, _ = train_config(BenchSettings(prompts=prompts, group_size=group_size, max_new_tokens=new_tokens))
+    tokenizer, model = load_model(cfg.model, cfg.seed)
+    prompt_ids = [prompt_token_ids(e.problem, tokenizer, cfg.data.template) for e in step_examples(cfg, 1)[0]]
+    params = SamplingParams(group_size, new_tokens, 1.0, 1.0, stop_token_ids(tokenizer, cfg.rollout.eos_tokens))
+    pad = tokenizer.pad_token_id
+    ways = {
+        "previous (check every token, float64 cumsum)": lambda g: previous_generate_hf(model, prompt_ids, params, pad,
+                                                                                       g),
+        "new, check every 1 (CPU default)": lambda g: generate_hf(model, prompt_ids, params, pad, g, check_every=1),
+        "new, check every 16 (GPU default)": lambda g: generate_hf(model, prompt_ids, params, pad, g, check_every=16),
+    }
+    print(f"generate_hf: {cfg.model.name}, {len(prompt_ids)} prompts x {group_size} x {new_tokens} new tokens, "
+          f"{torch.get_num_threads()} thread(s)")
+    for fn in ways.values():  # warm-up
+        fn(torch.Generator().manual_seed(0))
+    rates: dict[str, list[float]] = {name: [] for name in ways}
+    for repeat in range(repeats):
+        for name, fn in ways.items():
+            start = time.perf_counter()
+            out = fn(torch.Generator().manual_seed(repeat))
+            seconds = time.perf_counter() - start
+            rates[name].append(sum(map(len, out.token_ids)) / seconds)
+    for name, values in rates.items():
+        print(f"  {name:46s} tokens/s {summary(values, '')}")
+
+
+def sampler(repeats: int, rows: int, calls: int) -> None:
+    params = SamplingParams(1, 1, 1.0, 1.0)
+    for vocab in (49152, 151936):
+        logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 3
+        ways = {"previous": previous_sample_next, "new": sample_next}
+        same = torch.equal(*(fn(logits, params, torch.Generator().manual_seed(1)) for fn in ways.values()))
+        times: dict[str, list[float]] = {name: [] for name in ways}
+        for _ in range(repeats):
+            for name, fn in ways.items():
+                generator = torch.Generator().manual_seed(2)
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn(logits, params, generator)
+                times[name].append((time.perf_counter() - start) / calls * 1e3)
+        print(f"sample_next on [{rows}, {vocab}] logits, temperature 1 (same picks: {same}):")
+        for name, values in times.items():
+            print(f"  {name:10s} ms/call {summary(values, 'ms')}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--sampler-calls", type=int, default=20, help="sample_next calls per timed repeat")
+    p.add_argument("--only", choices=("generation", "sampler"))
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"load average before: {load_average()}")
+    if args.only != "generation":
+        sampler(args.repeats, 32, args.sampler_calls)
+    if args.only != "sampler":
+        generation(args.repeats, args.prompts, args.group_size, args.max_new_tokens)
+    print(f"load average after: {load_average()}")
+
+
+if __name__ == "__main__":
+    main()
