@@ -74,3 +74,13 @@ def test_the_packed_pass_runs_no_padding_and_the_padded_one_counts_its_own(model
     prompts = int(batch[1].sum())
     assert padded.real < padded.fed
     assert prompts + int((lengths - 1).clamp(min=0).sum()) <= padded.real <= prompts + int(lengths.sum())
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packing_keeps_attention_inside_each_row_under_sdpa_and_eager(model, attention):
+    model.config._attn_implementation = attention
+    with torch.no_grad():
+        padded, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX)
+        packed, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, packed=True)
+    # a row that attended to the rows before it in the packed sequence would differ
+    torch.testing.assert_close(packed, padded, atol=ATOL, rtol=0)

@@ -19,7 +19,7 @@ ARCH = Architecture(vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=LAYERS, num
 GROUPS, GROUP_SIZE, PROMPT, RESPONSE = 2, 3, 24, 16
 
 
-def saved_bytes(dtype: torch.dtype, checkpointing: bool) -> tuple[int, int]:
+def saved_bytes(dtype: torch.dtype, checkpointing: bool, packed: bool = False) -> tuple[int, int]:
     """(bytes of the distinct tensors autograd saved, parameters excluded; bytes the output layer keeps: its input rows
     and their fp32 logits, the head part's)."""
     torch.manual_seed(0)
@@ -43,7 +43,8 @@ def saved_bytes(dtype: torch.dtype, checkpointing: bool) -> tuple[int, int]:
     response = torch.randint(3, VOCAB, (GROUPS * GROUP_SIZE, RESPONSE))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         response_logprobs(model, prompt, torch.ones_like(prompt), response, torch.ones_like(response),
-                          prompt_index=torch.arange(GROUPS * GROUP_SIZE) // GROUP_SIZE, with_entropy=False)
+                          prompt_index=torch.arange(GROUPS * GROUP_SIZE) // GROUP_SIZE, packed=packed,
+                          with_entropy=False)
     head = GROUPS * GROUP_SIZE * RESPONSE * (VOCAB * P.FP32 + HIDDEN * dtype.itemsize)
     return sum(storages.values()), head
 
@@ -65,3 +66,10 @@ def test_the_activation_part_is_what_autograd_saves(dtype, elem, checkpointing):
         planned = part.bytes
     # the rest (RMSNorm's [rows, tokens, 1] variances, positions, indices) is a few % at these small widths
     assert planned == pytest.approx(saved - head, rel=0.04)
+
+
+@pytest.mark.parametrize("dtype, elem", [(torch.float32, 4), (torch.bfloat16, 2)])
+def test_the_packed_activation_part_is_what_autograd_saves(dtype, elem):
+    saved, head = saved_bytes(dtype, checkpointing=False, packed=True)
+    part = P.activations(ARCH, GROUPS * GROUP_SIZE, GROUPS, PROMPT, RESPONSE, elem, False, packed=True)
+    assert part.bytes == pytest.approx(saved - head, rel=0.04)

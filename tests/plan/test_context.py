@@ -86,3 +86,14 @@ def test_a_null_vllm_max_model_len_becomes_the_runs_longest_sequence():
     assert resolved_max_model_len(compose_train_config(["model=tiny", "rollout=vllm",
                                                         "rollout.vllm.max_model_len=512"]).rollout, 114) == 512
     assert resolved_max_model_len(compose_train_config(["model=tiny"]).rollout, 114) is None  # hf: no such limit
+
+
+def test_a_token_budget_below_the_longest_sequence_is_refused_in_one_line():
+    from tokenpo.plan.context import check_token_budget
+
+    cfg = compose_train_config(["model=tiny", "rollout.max_new_tokens=32", "trainer.micro_batch_tokens=100"])
+    with pytest.raises(ConfigError) as err:
+        check_token_budget(cfg, PromptLengths(train=82, eval=82))
+    assert str(err.value) == ("trainer.micro_batch_tokens=100 is below the longest training sequence: a 82-token "
+                              "prompt + rollout.max_new_tokens=32 = 114; raise it to at least 114")
+    check_token_budget(cfg, PromptLengths(train=68, eval=90))  # 68 + 32 = 100 fits; eval prompts never train

@@ -156,3 +156,26 @@ def test_gradients_accumulated_over_micro_batches_sit_beside_the_activations():
     plan = build_plan(compose_train_config(["model=tiny", "rollout.group_size=8"]), 1, prompt_tokens=40, device="cpu")
     assert plan.shapes.micro_batches == 2
     assert next(part.bytes for part in plan.parts if part.name == "gradients") == 4 * plan.params
+
+
+def test_a_token_budget_sets_the_largest_micro_batch_and_packing_its_activations():
+    from tokenpo.plan.cli import compose_train_config
+    from tokenpo.plan.memory import build_plan, run_shapes
+
+    cfg = compose_train_config(["model=tiny", "rollout.group_size=8", "rollout.max_new_tokens=200",
+                                "trainer.micro_batch_tokens=1000"])
+    shapes = run_shapes(cfg, 1, 40)
+    # 1000 tokens hold 4 rows of 40 + 200 (from one group); the update's 64 rows take 16 passes
+    assert (shapes.micro_rows, shapes.micro_groups, shapes.micro_batches) == (4, 1, 16)
+    shared = build_plan(cfg, 1, prompt_tokens=40, device="cpu")
+    packed_cfg = compose_train_config(["model=tiny", "rollout.group_size=8", "rollout.max_new_tokens=200",
+                                       "trainer.micro_batch_tokens=1000", "trainer.pack_sequences=true"])
+    packed = build_plan(packed_cfg, 1, prompt_tokens=40, device="cpu")
+    shared_part, packed_part = (next(p for p in plan.parts if p.name == "activations") for plan in (shared, packed))
+    assert packed_part.note.startswith("packed: 4 rows in one sequence of 956 tokens")
+    assert packed_part.bytes > shared_part.bytes  # each row its own prompt, and the [S, S] mask
+    # halving the budget is the listed change for a budget that does not fit
+    from tokenpo.plan.memory import smaller_micro_batches
+
+    assert [o.change for o in smaller_micro_batches(cfg)] == ["trainer.micro_batch_tokens=500",
+                                                              "trainer.micro_batch_tokens=250"]
