@@ -211,3 +211,19 @@ def test_the_worst_case_pass_trains_the_largest_slice_of_a_group(monkeypatch):
     shapes = worst_case.run_worst_case(cfg, StepSettings.from_config(cfg, tokenizer.pad_token_id), policy, prompt_ids)
     assert (shapes.micro_rows, shapes.micro_groups) == (3, 1)
     assert with_grad == [3] and without == [3, 1]  # one prompt's 4 rows: old log-probs and entropy in 3 + 1
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_the_worst_case_pass_trains_the_largest_token_budget_micro_batch(monkeypatch, pack):
+    """With trainer.micro_batch_tokens the largest pass is as many rows of the longest prompt + max_new_tokens as the
+    budget holds (3 here), packed or not."""
+    cfg, tokenizer, model, reference = algorithm_setup("grpo")
+    prompt_ids = fixed_rollouts(len(tokenizer), VERDICTS, MAX_NEW, 4321).prompt_ids
+    longest = max(map(len, prompt_ids)) + MAX_NEW
+    cfg = with_values(cfg, trainer__micro_batch_tokens=3 * longest + 1, trainer__pack_sequences=pack)
+    policy = recording_policy(cfg, RecordingEngine(model), reference)
+    with_grad, without = recorded_rows(monkeypatch)
+    shapes = worst_case.run_worst_case(cfg, StepSettings.from_config(cfg, tokenizer.pad_token_id), policy, prompt_ids)
+    assert (shapes.micro_rows, shapes.micro_groups) == (3, 1)
+    assert with_grad == [3]
+    assert without == [3, 1, 3, 1]  # grpo at 2 mini-batches: the old-policy and the reference passes, 4 rows each

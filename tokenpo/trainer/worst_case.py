@@ -51,9 +51,9 @@ def worst_case_rollouts(prompt_ids: list[list[int]], group_size: int, shapes: Sh
 def run_worst_case(cfg: TrainConfig, run: StepSettings, policy: Policy, prompt_ids: list[list[int]]) -> Shapes:
     """The pass described above over the training prompts' token ids; returns the shapes it ran (the longest
     prompt's length as prompt_tokens). `cfg`: the memory plan's shapes and its out-of-memory advice read it all."""
-    shapes = run_shapes(cfg, dist.world_size(), None)
+    # the longest training prompt: a token budget's largest micro-batch holds rows of it + max_new_tokens
+    shapes = run_shapes(cfg, dist.world_size(), max(map(len, prompt_ids)))
     rollouts = worst_case_rollouts(prompt_ids, cfg.rollout.group_size, shapes)
-    shapes.prompt_tokens = len(rollouts.prompt_ids[0])
     # one process, one mini-batch: this process's micro-batches of the largest shapes
     micro_batches = rollouts.plan(run.split(cfg.rollout.group_size), 1, 1).of_rank(0)
     devices = [policy.device] if policy.device.type == "cuda" else []
