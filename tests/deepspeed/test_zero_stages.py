@@ -97,10 +97,12 @@ def test_every_stage_trains_two_steps_alike(stage, ranks_out, initial_weights):
     records = by_step(read_metrics(run))
     assert sorted(records) == [0, 1, 2]
     baseline = by_step(read_metrics(ranks_out / "train" / "zero0"))
+    # how the passes were laid out differs by design: under ZeRO-3 on 2 ranks each pass is one decoder call (padded)
+    layout = ("batch/padding_frac", "batch/tokens_per_micro_batch")
     for step in (1, 2):
         got, want = deterministic(records[step]), deterministic(baseline[step])
         assert got.keys() == want.keys()
-        for key in want:
+        for key in set(want) - set(layout):
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (step, key)
     assert records[1]["grad_norm"] > 0
     assert_same_update(exported_weights(run / "final"), exported_weights(ranks_out / "train" / "zero0" / "final"),

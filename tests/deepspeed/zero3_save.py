@@ -39,7 +39,7 @@ def main(out: Path) -> None:
         optimizer = build_optimizer(model, cfg.trainer)
         engine = build_policy_engine(model, optimizer, cfg.deepspeed, micro_batch_size=cfg.trainer.micro_batch_size,
                                      max_grad_norm=cfg.trainer.max_grad_norm, world_size=1)
-        policy = Policy(engine, optimizer, None, dist.device(), PolicySettings.from_config(cfg))
+        policy = Policy(engine, optimizer, None, dist.device(), PolicySettings.from_config(cfg, dist.world_size()))
         ours = zero3_16bit_state_dict(policy.module)
         theirs = engine._zero3_consolidated_16bit_state_dict()
         assert list(ours) == list(theirs), (name, set(ours) ^ set(theirs))

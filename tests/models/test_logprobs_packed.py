@@ -84,3 +84,26 @@ def test_packing_keeps_attention_inside_each_row_under_sdpa_and_eager(model, att
         packed, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, packed=True)
     # a row that attended to the rows before it in the packed sequence would differ
     torch.testing.assert_close(packed, padded, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_one_decoder_call_per_pass_whatever_the_lengths(model, packed, monkeypatch):
+    """single_call (ZeRO-3 on several processes): the decoder runs once per pass, the same values as the buckets'."""
+    calls = []
+    decoder = model.get_decoder()
+    forward = decoder.forward
+    monkeypatch.setattr(decoder, "forward", lambda *args, **kwargs: calls.append(1) or forward(*args, **kwargs))
+    with torch.no_grad():
+        bucketed, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX)
+        buckets = len(calls)
+        calls.clear()
+        once, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, packed=packed, single_call=True)
+    assert buckets == 2 and len(calls) == 1  # the buckets: the prompts, then the responses over their cache
+    torch.testing.assert_close(once, bucketed, atol=ATOL, rtol=0)
+    # no token to predict at all: still one call, so every rank makes the same collectives
+    calls.clear()
+    prompt_ids, prompt_mask, response_ids, response_mask = padded_batch()
+    with torch.no_grad():
+        response_logprobs(model, prompt_ids, prompt_mask, response_ids[4:5], response_mask[4:5],
+                          prompt_index=PROMPT_INDEX[4:5], packed=packed, single_call=True)
+    assert len(calls) == 1

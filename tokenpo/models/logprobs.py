@@ -13,6 +13,10 @@ Three savings over pushing every (prompt + response) row through the whole model
 with restarting position ids: no padding at all, and the attention stays inside each row (transformers builds the
 block-diagonal mask for sdpa and eager from the position ids, and flash-attention's varlen path reads them); each row
 carries its own prompt, so the prompt is not shared by a group's rows.
+
+`single_call=True` runs the decoder exactly once per pass whatever the lengths (each row's prompt repeated for it,
+padded to the longest row; or packed): under ZeRO-3 on several processes every decoder call gathers each layer's
+parameters with collectives, so every rank must make the same calls, and the buckets' count depends on the lengths.
 """
 
 from __future__ import annotations
@@ -235,18 +239,20 @@ def _packed_hidden(decoder, prompt_ids, prompt_mask, response_ids, response_mask
         cols.append(torch.arange(length))
         offset += size
     device = response_ids.device
-    if not pieces:
-        empty = torch.zeros(0, dtype=torch.long, device=device)
-        return None, empty, empty
+    if not pieces:  # no token to predict: one call on the first prompt token all the same (ZeRO-3: every rank calls)
+        pieces, positions, targets, rows, cols = [prompt_ids[0, -1:]], [torch.zeros(1, dtype=torch.long)], [], [], []
     tokens.add(offset, offset)
     hidden = decoder(input_ids=torch.cat(pieces)[None], position_ids=torch.cat(positions).to(device)[None],
                      attention_mask=None, use_cache=False).last_hidden_state[0]
+    if not targets:
+        empty = torch.zeros(0, dtype=torch.long, device=device)
+        return hidden[:0], empty, empty
     return (hidden.index_select(0, torch.cat(targets).to(device)), torch.cat(rows).to(device),
             torch.cat(cols).to(device))
 
 
 def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, response_mask,
-                                 prompt_index: torch.Tensor, *, packed: bool = False,
+                                 prompt_index: torch.Tensor, *, packed: bool = False, single_call: bool = False,
                                  tokens: PassTokens | None = None):
     """(hidden [N, H], rows [N], cols [N]): the hidden state predicting each real response token (row, col).
 
@@ -254,17 +260,15 @@ def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, r
     group's rows share one: a whole group's, a slice of it, or the rows of it a token-budget micro-batch holds).
     Each prompt runs once and its KV cache serves its rows; gradients flow back through the shared prompt. Responses
     run in buckets of similar length (length_buckets), so short answers are not padded to the longest one of the
-    batch. `packed`: one padding-free pass instead (module docstring). `tokens` counts the positions fed.
+    batch. `packed`: one padding-free pass instead; `single_call`: one decoder call (module docstring). `tokens`
+    counts the positions fed.
     """
     tokens = PassTokens() if tokens is None else tokens
     prompt_index = prompt_index.to(response_ids.device)
     if packed:
-        hidden, rows, cols = _packed_hidden(model.get_decoder(), prompt_ids, prompt_mask, response_ids, response_mask,
-                                            prompt_index, tokens)
-        if hidden is None:
-            return model.get_input_embeddings().weight.new_zeros(0, model.config.hidden_size), rows, cols
-        return hidden, rows, cols
-    if activation_checkpointing(model) and torch.is_grad_enabled():
+        return _packed_hidden(model.get_decoder(), prompt_ids, prompt_mask, response_ids, response_mask, prompt_index,
+                              tokens)
+    if single_call or (activation_checkpointing(model) and torch.is_grad_enabled()):
         hidden = _repeated_prompt_hidden(model, prompt_ids, prompt_mask, response_ids, response_mask, prompt_index,
                                          tokens)
         rows, cols = response_mask.bool().nonzero(as_tuple=True)
@@ -309,6 +313,7 @@ def response_logprobs(
     *,
     prompt_index: torch.Tensor | None = None,
     packed: bool = False,
+    single_call: bool = False,
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
     with_entropy: bool = True,
@@ -319,7 +324,7 @@ def response_logprobs(
     """Log-probs [B, T] (differentiable when grad is enabled) and entropy [B, T] of responses.
 
     `response_mask` [B, T] marks real response tokens; other positions get 0. `prompt_index` [B]: each row's prompt
-    (None: one prompt per row); `packed`, `tokens`: as response_token_hidden_states.
+    (None: one prompt per row); `packed`, `single_call`, `tokens`: as response_token_hidden_states.
     The entropy is detached unless `entropy_grad` (an entropy-regularised loss): then it is differentiable
     too, through the full softmax of each head chunk; otherwise no graph is kept for it.
     `recompute_head` re-runs each head chunk in the backward pass instead of keeping its logits
@@ -329,7 +334,8 @@ def response_logprobs(
     if prompt_index is None:
         prompt_index = torch.arange(response_ids.shape[0])
     flat_hidden, rows, cols = response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids,
-                                                           response_mask, prompt_index, packed=packed, tokens=tokens)
+                                                           response_mask, prompt_index, packed=packed,
+                                                           single_call=single_call, tokens=tokens)
     flat_targets = response_ids[rows, cols]
     head = model.get_output_embeddings()
     chunk_head = chunk_head_function(with_entropy, entropy_grad, recompute_head, torch.is_grad_enabled())

@@ -54,11 +54,13 @@ class PolicySettings:
     recompute_head: bool  # trainer.recompute_head: the update's output layer recomputed in the backward
     lora: dict | None  # model.lora settings (LoraConfig.settings()); None: full fine-tuning
     pack_sequences: bool = False  # trainer.pack_sequences: every pass's rows as one padding-free sequence
+    # one decoder call per pass (ZeRO-3 on several processes: every rank makes the same parameter-gathering calls)
+    single_call: bool = False
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig) -> PolicySettings:
+    def from_config(cls, cfg: TrainConfig, world_size: int = 1) -> PolicySettings:
         return cls(cfg.rollout.temperature or 1.0, cfg.trainer.logit_chunk_tokens, cfg.trainer.recompute_head,
-                   cfg.model.lora.settings(), cfg.trainer.pack_sequences)
+                   cfg.model.lora.settings(), cfg.trainer.pack_sequences, cfg.deepspeed.stage == 3 and world_size > 1)
 
 
 class Policy:
@@ -83,7 +85,7 @@ class Policy:
         (a frozen copy; with LoRA none: the policy's own module with its adapters off is the initial policy), the
         optimizer at step 1's learning rate, the engine. The caller seeds torch first (the weights of a LoRA adapter
         and a tiny model are drawn from it)."""
-        settings = PolicySettings.from_config(cfg)
+        settings = PolicySettings.from_config(cfg, world_size)
         sizes = dict(micro_batch_size=cfg.trainer.micro_batch_size, max_grad_norm=cfg.trainer.max_grad_norm,
                      world_size=world_size)
         partitioned = partitioned_loading(cfg.deepspeed, **sizes)
@@ -102,7 +104,7 @@ class Policy:
         logp, entropy = forward_in_engine(
             model, response_logprobs, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids,
             tokens.response_mask, prompt_index=tokens.prompt_index, packed=self.settings.pack_sequences,
-            temperature=self.settings.temperature, chunk_tokens=self.settings.chunk_tokens, with_entropy=with_entropy,
+            single_call=self.settings.single_call, temperature=self.settings.temperature, chunk_tokens=self.settings.chunk_tokens, with_entropy=with_entropy,
             entropy_grad=entropy_grad, recompute_head=recompute_head, tokens=fed)
         return TokenLogprobs(logp, entropy if with_entropy else None)
 
