@@ -4,9 +4,11 @@ device (rollout.hf_stop_check_every), in one process, interleaved.
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_hf_sampling.py [--repeats 5] [--threads 1]
 
 1. generate_hf on SmolLM2-135M (the embedded model) for step 1's 8 prompts x 4 samples x 64 new tokens (temperature
-   1, the tokenizer's EOS stops a row): the previous loop (a host check every token, a float64 cumulative sum over
-   the vocabulary; copied below, it is no longer in the package), the new one with the CPU's default check interval
-   (1), and with 16 (a GPU's default). Generated tokens per second of wall clock, per run and the median.
+   1), with the tokenizer's EOS as stop token and with none (then every way samples the same tokens): the previous
+   loop (a host check every token, a float64 cumulative sum over the vocabulary; copied below, it is no longer in the
+   package), the new one with the CPU's default check interval (1), and with 16 (a GPU's default). Generated tokens
+   per second of wall clock and per CPU second of the process (less sensitive to other jobs on a shared machine):
+   median, min, max over the repeats.
 2. The sampler alone on [32, 49152] and [32, 151936] random logits (SmolLM2's and Qwen2.5's vocabularies): ms per
    sample_next call, previous vs new, and whether they picked the same tokens from the same generator.
 
@@ -98,9 +100,8 @@ def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def summary(values: list[float], unit: str) -> str:
-    return (f"median {statistics.median(values):8.2f} {unit} (min {min(values):.2f}, max {max(values):.2f}, "
-            f"n {len(values)})")
+def summary(values: list[float]) -> str:
+    return f"median {statistics.median(values):8.2f} (min {min(values):.2f}, max {max(values):.2f}, n {len(values)})"
 
 
 def generation(repeats: int, prompts: int, group_size: int, new_tokens: int) -> None:
@@ -112,27 +113,35 @@ def generation(repeats: int, prompts: int, group_size: int, new_tokens: int) -> 
     cfg, _ = train_config(BenchSettings(prompts=prompts, group_size=group_size, max_new_tokens=new_tokens))
     tokenizer, model = load_model(cfg.model, cfg.seed)
     prompt_ids = [prompt_token_ids(e.problem, tokenizer, cfg.data.template) for e in step_examples(cfg, 1)[0]]
-    params = SamplingParams(group_size, new_tokens, 1.0, 1.0, stop_token_ids(tokenizer, cfg.rollout.eos_tokens))
     pad = tokenizer.pad_token_id
-    ways = {
-        "previous (check every token, float64 cumsum)": lambda g: previous_generate_hf(model, prompt_ids, params, pad,
-                                                                                       g),
-        "new, check every 1 (CPU default)": lambda g: generate_hf(model, prompt_ids, params, pad, g, check_every=1),
-        "new, check every 16 (GPU default)": lambda g: generate_hf(model, prompt_ids, params, pad, g, check_every=16),
-    }
-    print(f"generate_hf: {cfg.model.name}, {len(prompt_ids)} prompts x {group_size} x {new_tokens} new tokens, "
-          f"{torch.get_num_threads()} thread(s)")
-    for fn in ways.values():  # warm-up
-        fn(torch.Generator().manual_seed(0))
-    rates: dict[str, list[float]] = {name: [] for name in ways}
-    for repeat in range(repeats):
-        for name, fn in ways.items():
-            start = time.perf_counter()
-            out = fn(torch.Generator().manual_seed(repeat))
-            seconds = time.perf_counter() - start
-            rates[name].append(sum(map(len, out.token_ids)) / seconds)
-    for name, values in rates.items():
-        print(f"  {name:46s} tokens/s {summary(values, '')}")
+    for stop in (stop_token_ids(tokenizer, cfg.rollout.eos_tokens), ()):
+        params = SamplingParams(group_size, new_tokens, 1.0, 1.0, stop)
+        ways = {
+            "previous (check every token, float64 cumsum)":
+                lambda g: previous_generate_hf(model, prompt_ids, params, pad, g),
+            "new, check every 1 (CPU default)": lambda g: generate_hf(model, prompt_ids, params, pad, g, 1),
+            "new, check every 16 (GPU default)": lambda g: generate_hf(model, prompt_ids, params, pad, g, 16),
+        }
+        print(f"generate_hf: {cfg.model.name}, {len(prompt_ids)} prompts x {group_size} x {new_tokens} new tokens, "
+              f"{torch.get_num_threads()} thread(s), temperature 1, "
+              + (f"stop tokens {list(stop)}" if stop else "no stop token (every way samples the same tokens)"))
+        for fn in ways.values():  # warm-up
+            fn(torch.Generator().manual_seed(0))
+        wall: dict[str, list[float]] = {name: [] for name in ways}
+        cpu: dict[str, list[float]] = {name: [] for name in ways}
+        counts: dict[str, list[int]] = {name: [] for name in ways}
+        for repeat in range(repeats):
+            for name, fn in ways.items():
+                start, start_cpu = time.perf_counter(), time.process_time()
+                out = fn(torch.Generator().manual_seed(repeat))
+                seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
+                tokens = sum(map(len, out.token_ids))
+                wall[name].append(tokens / seconds)
+                cpu[name].append(tokens / cpu_seconds)
+                counts[name].append(tokens)
+        for name in ways:
+            print(f"  {name:46s} tokens/s {summary(wall[name])}; per CPU second {summary(cpu[name])}; "
+                  f"tokens {statistics.median(counts[name]):.0f}")
 
 
 def sampler(repeats: int, rows: int, calls: int) -> None:
@@ -151,7 +160,7 @@ def sampler(repeats: int, rows: int, calls: int) -> None:
                 times[name].append((time.perf_counter() - start) / calls * 1e3)
         print(f"sample_next on [{rows}, {vocab}] logits, temperature 1 (same picks: {same}):")
         for name, values in times.items():
-            print(f"  {name:10s} ms/call {summary(values, 'ms')}")
+            print(f"  {name:10s} ms/call {summary(values)}")
 
 
 def main() -> None:
