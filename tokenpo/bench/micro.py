@@ -1,4 +1,5 @@
-"""Micro-benchmarks behind docs/performance.md: matmul peak, log-prob pass, sampling, AdamW kinds.
+"""Micro-benchmarks behind docs/performance.md: matmul peak, log-prob pass, sampling, AdamW kinds, and the roofline
+(matmul at SmolLM2-135M's shapes, memory bandwidth, generation's achieved weight bandwidth).
 
     python -m tokenpo.bench.micro --prompts 8 --group-size 4 --max-new-tokens 32 --threads 2
 
@@ -124,6 +125,65 @@ def sampling_timings(settings: BenchSettings, vocab: int = 49152, repeats: int =
     }
 
 
+def model_shape_gflops(hidden: int, intermediate: int, vocab: int, tokens: int = 1024, repeats: int = 3) -> dict:
+    """fp32 torch.mm GFLOP/s at the decoder's matmul shapes for `tokens` rows (at the current thread count): the
+    attention projections [t, h] x [h, h], the MLP's [t, h] x [h, i] and [t, i] x [i, h], the output layer
+    [t, h] x [h, V], and their FLOP-weighted mean (a decoder layer's mix, the head once per layer-stack)."""
+    shapes = {"attention_projection": (hidden, hidden), "mlp_up": (hidden, intermediate),
+              "mlp_down": (intermediate, hidden), "output_layer": (hidden, vocab)}
+    out, flops, seconds = {}, 0.0, 0.0
+    for name, (k, n) in shapes.items():
+        a, b = torch.randn(tokens, k), torch.randn(k, n)
+        spent = best_of(lambda: torch.mm(a, b), repeats)
+        out[name] = 2 * tokens * k * n / spent / 1e9
+        flops, seconds = flops + 2 * tokens * k * n, seconds + spent
+    out["weighted"] = flops / seconds / 1e9
+    return out
+
+
+def memory_bandwidth_gbs(gib: float = 1.0, repeats: int = 3) -> dict:
+    """GB/s of streaming `gib` GiB of fp32 at the current thread count: read (a sum, as a decode step reads the
+    weights) and copy (read + write)."""
+    x = torch.ones(int(gib * 2**30 / 4))
+    y = torch.empty_like(x)
+    read = x.numel() * 4 / best_of(lambda: x.sum(), repeats) / 1e9
+    copy = 2 * x.numel() * 4 / best_of(lambda: y.copy_(x), repeats) / 1e9
+    return {"read": read, "copy": copy}
+
+
+def generation_bandwidth(settings: BenchSettings, repeats: int = 2) -> dict:
+    """The hf engine's decode steps against the memory bandwidth: `prompts` x G rows, `max_new_tokens` each (no stop
+    token), the prefill timed apart; each decode step reads every weight once (fp32), so weight bytes x steps /
+    decode seconds is the achieved weight bandwidth."""
+    from tokenpo.data.prompts import prompt_token_ids
+    from tokenpo.models.loading import load_model
+    from tokenpo.models.logprobs import left_pad
+    from tokenpo.rollout.engine import SamplingParams
+    from tokenpo.rollout.hf import generate_hf
+
+    cfg, _ = train_config(settings)
+    tokenizer, model = load_model(cfg.model, cfg.seed)
+    prompts = [prompt_token_ids(e.problem, tokenizer, cfg.data.template) for e in step_examples(cfg, 1)[0]]
+    params = SamplingParams(settings.group_size, settings.max_new_tokens, 1.0, 1.0, (), True)
+    ids, mask = left_pad(prompts, tokenizer.pad_token_id)
+
+    def prefill():
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask, logits_to_keep=1)
+
+    total = best_of(lambda: generate_hf(model, prompts, params, tokenizer.pad_token_id,
+                                        torch.Generator().manual_seed(0)), repeats)
+    decode = total - best_of(prefill, repeats)
+    steps = settings.max_new_tokens - 1
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    config = model.config
+    return {"shape": {"hidden": config.hidden_size, "intermediate": config.intermediate_size,
+                      "vocab": config.vocab_size},
+            "rows": len(prompts) * settings.group_size, "decode_steps": steps, "generate_s": total,
+            "decode_s": decode, "weight_bytes": weight_bytes, "weight_gb_per_s": weight_bytes * steps / decode / 1e9,
+            "tokens_per_s": len(prompts) * settings.group_size * settings.max_new_tokens / total}
+
+
 def adamw_timings(settings: BenchSettings, repeats: int = 3) -> dict:
     """Seconds of one AdamW step over the model's parameters: torch's default, foreach, fused."""
     from tokenpo.models.loading import load_model
@@ -147,14 +207,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--only", choices=("matmul", "logprobs", "sampling", "adamw"), action="append",
+    p.add_argument("--only", choices=("matmul", "logprobs", "sampling", "adamw", "roofline"), action="append",
                    help="run only these parts (repeatable; default: all)")
     args = p.parse_args(argv)
     settings = BenchSettings(model=args.model, prompts=args.prompts, group_size=args.group_size,
                              max_new_tokens=args.max_new_tokens, threads=args.threads)
     settings.validate()
     torch.set_num_threads(args.threads)
-    parts = args.only or ["matmul", "logprobs", "sampling", "adamw"]
+    parts = args.only or ["matmul", "logprobs", "sampling", "adamw", "roofline"]
     out = {"settings": settings.to_dict()}
     if "matmul" in parts:
         out["matmul_gflops_per_s"] = {f"{n}_threads": matmul_gflops(n) for n in range(1, args.threads + 1)}
@@ -164,6 +224,12 @@ def main(argv: list[str] | None = None) -> None:
         out["sampling"] = sampling_timings(settings)
     if "adamw" in parts:
         out["adamw"] = adamw_timings(settings)
+    if "roofline" in parts:  # the machine's limits at the model's shapes, and generation against its bandwidth
+        out["generation"] = generation_bandwidth(settings)
+        shape = out["generation"]["shape"]
+        out["matmul_at_model_shapes_gflops_per_s"] = model_shape_gflops(shape["hidden"], shape["intermediate"],
+                                                                        shape["vocab"])
+        out["memory_bandwidth_gb_per_s"] = memory_bandwidth_gbs()
     print(json.dumps(out, indent=1))
 
 
