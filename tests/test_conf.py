@@ -23,6 +23,7 @@ from tokenpo.config import GROUPS, TrainConfig
 from tokenpo.data.config import DataConfig
 from tokenpo.evaluation.config import EvalConfig
 from tokenpo.logger.config import LoggerConfig
+from tokenpo.schema import config_key
 from tokenpo.models.config import LoraConfig, ModelConfig
 from tokenpo.rollout.config import RolloutConfig
 from tokenpo.schema import setting
@@ -149,7 +150,7 @@ def written_keys(node: yaml.Node, cls: type, lines: list[str], prefix: str = "")
     """Each key under the mapping `node` (of the dataclass `cls`), recursing into sections and schema'd entries;
     Hydra's own keys (defaults, hydra) are not config fields."""
     found = []
-    specs = {spec.name: spec for spec in dataclasses.fields(cls)}
+    specs = {config_key(spec.name): spec for spec in dataclasses.fields(cls)}
     for key_node, value in node.value:
         name = key_node.value
         if name in ("defaults", "hydra") and not prefix:
@@ -158,7 +159,7 @@ def written_keys(node: yaml.Node, cls: type, lines: list[str], prefix: str = "")
         own_line = lines[mark.line][:mark.column].strip() in ("", "-")
         spec = specs.get(name)
         found.append(Written(prefix + name, cls, spec, comment_above(lines, mark.line) if own_line else None, value))
-        inner = section_type(cls, name) if spec else None
+        inner = section_type(cls, spec.name) if spec else None
         if inner and isinstance(value, yaml.MappingNode):
             found += written_keys(value, inner, lines, f"{prefix}{name}.")
         elif inner and isinstance(value, yaml.SequenceNode):
@@ -202,19 +203,19 @@ def _disagreements(cls: type, node: yaml.MappingNode, values: dict, lines: list[
     found = []
     written = {w.key: w for w in written_keys(node, cls, lines) if "." not in w.key and "[" not in w.key}
     for spec in dataclasses.fields(cls):
-        key = prefix + spec.name
-        if spec.name not in written:
+        name = config_key(spec.name)
+        key = prefix + name
+        if name not in written:
             if (cls, spec.name) not in SECTION_FILES:
                 found.append(f"{key}: not in the file")
             continue
-        w = written[spec.name]
+        w = written[name]
         if w.comment is not None and w.comment != spec.metadata.get("help"):
             found.append(f"{key}: comment {w.comment!r} is not the field's help {spec.metadata.get('help')!r}")
         if dataclasses.is_dataclass(typing.get_type_hints(cls)[spec.name]):
-            found += _disagreements(typing.get_type_hints(cls)[spec.name], w.node, values[spec.name], lines,
-                                    f"{key}.")
-        elif values[spec.name] != field_default(spec) and not spec.metadata.get("shipped"):
-            found.append(f"{key}: value {values[spec.name]!r} is not the default {field_default(spec)!r}")
+            found += _disagreements(typing.get_type_hints(cls)[spec.name], w.node, values[name], lines, f"{key}.")
+        elif values[name] != field_default(spec) and not spec.metadata.get("shipped"):
+            found.append(f"{key}: value {values[name]!r} is not the default {field_default(spec)!r}")
     found += [f"{prefix}{w.key}: no such field" for w in written.values() if w.spec is None]
     return found
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from tokenpo import CONF_DIR
 from tokenpo.config import GROUPS, build_config
 from tokenpo.data import data_config_from_dict
 from tokenpo.errors import ConfigError
+from tokenpo.schema import config_dict
 
 CONF = Path(CONF_DIR)
 # options that need a value only the user has; composed with it, and checked to fail without it
@@ -121,7 +121,7 @@ def test_option_composes_and_validates(group, option):
     cfg = build([f"{group}={option}", *extra])
     if group == "experiment":
         return  # an experiment overrides several groups; composing and validating it is the check
-    typed = dataclasses.asdict(getattr(cfg, group))
+    typed = config_dict(getattr(cfg, group))
     file_values = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml"))
     file_values.pop("defaults", None)  # a delta's base: its values are checked as that option
     for override in extra:

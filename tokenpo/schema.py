@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import keyword
 import math
 import types
 import typing
@@ -115,13 +116,37 @@ def require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def config_key(field_name: str) -> str:
+    """The config key of a dataclass field: the name, but a Python keyword (`async`) is written `async_` in the
+    dataclass."""
+    stem = field_name[:-1]
+    return stem if field_name.endswith("_") and keyword.iskeyword(stem) else field_name
+
+
+def field_name(key: str) -> str:
+    """The dataclass field of a config key (config_key's inverse)."""
+    return f"{key}_" if keyword.iskeyword(key) else key
+
+
+def config_dict(cfg: Any) -> dict:
+    """`dataclasses.asdict(cfg)` under the config keys (config_key): the mapping the YAML files write."""
+    def keyed(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {config_key(key): keyed(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(keyed(item) for item in value)
+        return value
+
+    return keyed(dataclasses.asdict(cfg))
+
+
 def check_fields(cfg: Any, prefix: str) -> None:
     """Each field of the dataclass `cfg` (not its sections: each checks its own) against its `setting` rule."""
     hints = _hints(type(cfg))
     for spec in dataclasses.fields(cfg):
         rule = spec.metadata.get("rule")
         if rule is not None:
-            check_value(rule, getattr(cfg, spec.name), hints[spec.name], f"{prefix}.{spec.name}")
+            check_value(rule, getattr(cfg, spec.name), hints[spec.name], f"{prefix}.{config_key(spec.name)}")
 
 
 def check_value(rule: Rule, value: Any, hint: Any, key: str) -> None:
@@ -157,13 +182,14 @@ def from_dict(cls: type[T], values: Any, prefix: str) -> T:
     """
     if not isinstance(values, Mapping):
         raise ConfigError(f"{prefix} must be a mapping, got {values!r}")
-    known = sorted(f.name for f in dataclasses.fields(cls))
+    known = sorted(config_key(f.name) for f in dataclasses.fields(cls))
     unknown = sorted(set(values) - set(known))
     if unknown:
         keys = ", ".join(f"{prefix}.{k}" for k in unknown)
         raise ConfigError(f"unknown key{'s' if len(unknown) > 1 else ''} {keys} (known: {', '.join(known)})")
     hints = typing.get_type_hints(cls)
-    return cls(**{name: coerce(value, hints[name], f"{prefix}.{name}") for name, value in values.items()})
+    return cls(**{field_name(key): coerce(value, hints[field_name(key)], f"{prefix}.{key}")
+                  for key, value in values.items()})
 
 
 def build(cls: type[T], values: Any, prefix: str) -> T:

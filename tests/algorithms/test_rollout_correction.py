@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tokenpo.algorithms import LossNorm, policy_loss
-from tokenpo.algorithms.rollout_correction import sampler_mismatch, truncated_importance_weight
+from tokenpo.algorithms.rollout_correction import behaviour_weight, sampler_mismatch, truncated_importance_weight
 
 # one response, three tokens: the trainer gives them 0.5 and 2.5 nats more than the sampler on tokens 0 and 2
 TRAINER = torch.tensor([[-1.0, -2.0, -0.5]])
@@ -64,3 +64,21 @@ def test_tis_with_identical_logprobs_changes_nothing(load_algorithm):
     assert loss == plain_loss and torch.equal(grad, plain_grad)
     assert metrics["tis/weight_mean"] == 1.0 and metrics["tis/capped_frac"] == 0.0
     assert metrics["mismatch/abs_logp_diff"] == 0.0 and metrics["mismatch/kl"] == 0.0
+
+
+def test_masked_behaviour_weight_drops_the_tokens_past_the_cap_golden():
+    """AReaL's decoupled PPO: a token whose behaviour weight passes the cap leaves the loss (weight 0), the others
+    keep their weight untruncated."""
+    weight = behaviour_weight(TRAINER, SAMPLER, cap=2.0, mode="mask")
+    torch.testing.assert_close(weight, torch.tensor([[math.exp(0.5), 1.0, 0.0]]))
+    torch.testing.assert_close(behaviour_weight(TRAINER, SAMPLER, 2.0, "truncate"),
+                               truncated_importance_weight(TRAINER, SAMPLER, cap=2.0))
+
+
+def test_masked_mode_in_the_loss_golden(load_algorithm):
+    loss, metrics, grad = on_policy_loss(load_algorithm("dapo", loss={"tis_cap": 2.0, "tis_mode": "mask"}), SAMPLER)
+    # token-mean of -A x w over 3 tokens: token 2 (w = e^2.5 > 2) is out
+    assert loss == pytest.approx((-1.0 * math.exp(0.5) + 1.0 * 1.0 - 0.0) / 3)
+    torch.testing.assert_close(grad, torch.tensor([[-math.exp(0.5), 1.0, 0.0]]) / 3)
+    assert metrics["tis/capped_frac"] == pytest.approx(1 / 3)
+    assert metrics["tis/raw_weight_max"] == pytest.approx(math.exp(2.5))

@@ -179,3 +179,16 @@ def test_a_token_budget_sets_the_largest_micro_batch_and_packing_its_activations
 
     assert [o.change for o in smaller_micro_batches(cfg)] == ["trainer.micro_batch_tokens=500",
                                                               "trainer.micro_batch_tokens=250"]
+
+
+def test_a_generator_ahead_of_the_update_is_planned_in_host_memory():
+    from tokenpo.plan.cli import compose_train_config
+    from tokenpo.plan.memory import build_plan
+
+    cfg = compose_train_config(["model=tiny", "rollout.async.max_staleness=1"])
+    plan = build_plan(cfg, 1, prompt_tokens=40, device="cpu")
+    part = next(p for p in plan.parts if p.name == "generator process (rollout.async)")
+    weights = plan.params * 4
+    assert part.bytes == 0 and part.host_bytes > 2 * weights  # its model, the shared copy, its KV cache
+    in_turn = build_plan(compose_train_config(["model=tiny"]), 1, prompt_tokens=40, device="cpu")
+    assert plan.total_bytes == in_turn.total_bytes and plan.host_bytes == in_turn.host_bytes + part.host_bytes

@@ -184,6 +184,10 @@ class LossConfig:
         "TIS cap C: weight each token's policy-gradient loss by min(π_train/π_sampler, C), the rollout engine's "
         'log-probs as π_sampler (null = off; Yao et al. 2025 "Your Efficient RL Framework Secretly Brings You '
         'Off-Policy RL Training": 2; needs an engine with log-probs, rollout=vllm)', gt=0)
+    tis_mode: str = setting("truncate",
+        "what a token whose weight π_train/π_sampler passes tis_cap gets: truncate (the weight C: TIS, Yao et al. "
+        "2025) | mask (weight 0, the token out of the loss: AReaL's decoupled PPO, behav_imp_weight_cap, Fu et al. "
+        "arXiv 2505.24298; its examples use C = 5)", choices=("truncate", "mask"))
 
     def validate(self, path: str) -> None:
         check_fields(self, path)

@@ -11,7 +11,7 @@ from tokenpo.algorithms.aggregation import LossNorm, aggregate
 from tokenpo.algorithms.kl import KL_MASKS, kl_penalty
 from tokenpo.algorithms.masked import masked_mean
 from tokenpo.algorithms.ratios import importance_ratio
-from tokenpo.algorithms.rollout_correction import sampler_mismatch, truncated_importance_weight
+from tokenpo.algorithms.rollout_correction import behaviour_weight, importance_weight, sampler_mismatch
 from tokenpo.algorithms.selection import entropy_top_mask
 from tokenpo.algorithms.surrogates import SURROGATES, SelectionInputs, SurrogateInputs
 
@@ -92,10 +92,13 @@ def policy_loss(
     if sampler_logp is not None:
         metrics.update(sampler_mismatch(old_logp, sampler_logp, mask))
         if loss_cfg.tis_cap is not None:
-            tis = truncated_importance_weight(old_logp, sampler_logp, loss_cfg.tis_cap)
+            raw = importance_weight(old_logp, sampler_logp)
+            tis = behaviour_weight(old_logp, sampler_logp, loss_cfg.tis_cap, loss_cfg.tis_mode)
             pg_tok = pg_tok * tis
             metrics["tis/weight_mean"] = masked_mean(tis, mask)
-            metrics["tis/capped_frac"] = masked_mean((tis >= loss_cfg.tis_cap).to(mask.dtype), mask)
+            # the raw weight's largest value, and the share of tokens past the cap (truncated, or masked out)
+            metrics["tis/raw_weight_max"] = (raw * mask).max() if bool(mask.any()) else raw.new_zeros(())
+            metrics["tis/capped_frac"] = masked_mean((raw >= loss_cfg.tis_cap).to(mask.dtype), mask)
 
     kl_tok = torch.zeros_like(pg_tok)
     if loss_cfg.kl_coef:

@@ -19,8 +19,22 @@ def truncated_importance_weight(trainer_logp: torch.Tensor, sampler_logp: torch.
     truncated importance sampling (TIS) of "Your Efficient RL Framework Secretly Brings You Off-Policy RL
     Training" (Yao et al., 2025), verl's rollout correction (token-level TIS) and TRL's
     `vllm_importance_sampling_cap`."""
-    log_ratio = (trainer_logp - sampler_logp).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return torch.exp(log_ratio).clamp(max=cap)
+    return importance_weight(trainer_logp, sampler_logp).clamp(max=cap)
+
+
+def behaviour_weight(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float, mode: str) -> torch.Tensor:
+    """[B, T] detached weight of each token's policy-gradient loss, w = π_train / π_sampler: `truncate` min(w, C)
+    (TIS, above), `mask` w where w <= C and 0 beyond (AReaL's decoupled PPO: the behaviour importance weight
+    π_prox / π_behav, tokens past behav_imp_weight_cap filtered out of the loss; Fu et al., arXiv 2505.24298)."""
+    if mode == "truncate":
+        return truncated_importance_weight(trainer_logp, sampler_logp, cap)
+    weight = importance_weight(trainer_logp, sampler_logp)
+    return torch.where(weight <= cap, weight, torch.zeros_like(weight))
+
+
+def importance_weight(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor) -> torch.Tensor:
+    """[B, T] detached π_train / π_sampler of each token, its log clamped as the policy ratio's is."""
+    return torch.exp((trainer_logp - sampler_logp).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
 
 def sampler_mismatch(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> dict:

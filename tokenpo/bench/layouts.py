@@ -8,7 +8,7 @@ One batch for every layout: the first `--prompts` GSM8K training questions (../s
 the model's template, `--group-size` responses each sampled by the `hf` engine to `--max-new-tokens` (no stop token),
 then cut to drawn lengths: one response in eight keeps all of them, the others keep 16-64 tokens, so the longest is
 >= 8x the median at 512 (the lengths of a DAPO batch: a 20k cap, most answers far shorter). Each layout runs in its
-own process (its peak memory is its own): one warm-up update, then `update_policy` timed (the reference pass and the
+own process (its peak memory is its own): one warm-up update on the rows cut to 4 tokens, then `update_policy` timed (the reference pass and the
 update: GRPO, beta 0.04, one mini-batch), its peak RSS over the timed update read from /proc (VmHWM after resetting
 it). Layouts alternate over `--repeats` rounds so a load change hits all of them; medians are reported.
 """
@@ -101,15 +101,15 @@ def worker(args) -> dict:
     batch = json.loads(args.batch.read_text())
     rows = len(batch["response_ids"])
 
-    def rollouts() -> StepRollouts:  # half right in every group: every row has an advantage
+    def rollouts(cut: int | None = None) -> StepRollouts:  # half right in every group: every row has an advantage
+        responses = [r[:cut] for r in batch["response_ids"]]
         return StepRollouts(examples=[Example(f"q{i}", "", "") for i in range(len(batch["prompt_ids"]))],
-                            prompt_ids=batch["prompt_ids"], response_ids=batch["response_ids"],
-                            response_text=[""] * rows, truncated=[len(r) == args.max_new_tokens for r in
-                                                                  batch["response_ids"]],
+                            prompt_ids=batch["prompt_ids"], response_ids=responses, response_text=[""] * rows,
+                            truncated=[len(r) == args.max_new_tokens for r in responses],
                             verdicts=[CORRECT if i % 2 else WRONG for i in range(rows)])
 
     run = StepSettings.from_config(cfg, tokenizer.pad_token_id)
-    update_policy(run, policy, rollouts(), Timings())  # warm-up: allocator, DeepSpeed's first-step work
+    update_policy(run, policy, rollouts(cut=4), Timings())  # warm-up (short rows): DeepSpeed's first-step work
     reset_peak_rss()
     timings = Timings()
     start = time.perf_counter()
@@ -178,7 +178,7 @@ def parse_args(argv):
     parser.add_argument("--micro-batch-size", type=int, default=8, help="whole-group layout: rows per pass (default "
                         "8: two groups)")
     parser.add_argument("--budget", type=int, default=2048, help="token budget of the other layouts (default 2048)")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--questions", type=Path, default=GSM8K, help="GSM8K-style jsonl with a 'question' field")

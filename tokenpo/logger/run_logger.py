@@ -128,6 +128,18 @@ class RunLogger:
             data = [[row[column] for column in columns] for row in rows]
             self.wandb_run.log({f"samples/{table}": wandb.Table(columns=columns, data=data)}, step=step)
 
+    def alert(self, title: str, text: str, error: bool = False) -> None:
+        """`text` as one warning line (rank 0), and as a W&B alert when W&B logs (wandb.alert: e-mail or Slack as the
+        user's W&B settings say)."""
+        if not self.enabled:
+            return
+        log.warning(text)
+        if self.wandb_run is not None:
+            import wandb
+
+            level = wandb.AlertLevel.ERROR if error else wandb.AlertLevel.WARN
+            self.wandb_run.alert(title=title, text=text, level=level)
+
     def finish(self) -> None:
         if self.wandb_run is not None:
             self.wandb_run.finish()

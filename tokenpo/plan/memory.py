@@ -179,6 +179,9 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
     rollout_at = len(parts)  # where the rollout part is listed
     if rollout.engine == "hf":
         parts.append(P.hf_rollout(arch, shapes.rollout_rows, shapes.prompt_tokens, shapes.new_tokens, elem))
+    if rollout.async_.max_staleness:
+        parts.append(P.ahead_generator(arch, params, shapes.rollout_rows, shapes.prompt_tokens, shapes.new_tokens,
+                                       model_elem, rollout.async_.generator_device != "cpu"))
     activations = P.activations(arch, shapes.micro_rows, shapes.micro_groups, shapes.prompt_tokens,
                                 shapes.new_tokens, elem, cfg.model.gradient_checkpointing, cfg.trainer.pack_sequences)
     head = P.head_chunks(arch, shapes.micro_rows * shapes.new_tokens, cfg.trainer.logit_chunk_tokens,

@@ -117,6 +117,19 @@ def hf_rollout(arch: Architecture, rows: int, prompt_tokens: int, new_tokens: in
                 f"KV cache of {rows} sequences x ({prompt_tokens} + {new_tokens}) tokens + sampling buffers")
 
 
+def ahead_generator(arch: Architecture, params: int, rows: int, prompt_tokens: int, new_tokens: int, elem: int,
+                    on_device: bool) -> Part:
+    """rollout.async's generator process: its own copy of the weights, its KV cache and sampling buffers (`hf_rollout`
+    of the rounds it samples), and the shared-memory copy the trainer pushes each version into (host memory). On the
+    trainer's device: none (the generator has a device of its own, or the CPU); the host bytes are listed."""
+    own = params * elem + kv_cache_bytes(arch, rows, prompt_tokens + new_tokens, elem) + sampling_bytes(arch, rows)
+    shared = params * elem
+    where = "its own device" if on_device else "host memory"
+    return Part("generator process (rollout.async)", 0, ALWAYS,
+                f"weights + KV cache on {where}, + the shared weights in host memory",
+                host_bytes=shared + (0 if on_device else own))
+
+
 def vllm_rollout(weights: int, kv_cache: int | None, budget: int | None, min_kv_cache: int, asleep: bool) -> Part:
     """vLLM's own copy of the weights and its KV cache: weights + kv_cache when its size is set, else the budget vLLM
     sizes its KV cache in (gpu_memory_utilization x the device, or what the plan's other parts leave it), at least

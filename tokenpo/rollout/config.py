@@ -76,6 +76,29 @@ def vllm_sizing(v: VLLMConfig, device: str) -> VLLMSizing:
 
 
 @dataclass
+class AsyncConfig:
+    """Generation ahead of the update (tokenpo.rollout.ahead, tokenpo.trainer.ahead)."""
+
+    max_staleness: int = setting(0,
+        "Policy versions generation runs ahead of the update (k; 0 = generate, then train, in turn): step r's batch is "
+        "sampled by the policy after max(0, r - 1 - k) updates, in a generator process with its own weights (hf "
+        "engine; verl's one-step-off-policy is k = 1)", ge=0)
+    generator_threads: int = setting(0,
+        "Intra-op CPU threads of the generator process (0 = torch's default; on CPU give generation and training "
+        "each the cores they would use in turn)", ge=0)
+    generator_device: str = setting("cpu",
+        "Device of the generator process's model: cpu | cuda:<index> (on a GPU machine a device the trainer does not "
+        "use; not run on a GPU yet)", check=lambda value: value == "cpu" or str(value).startswith("cuda:"),
+        requirement="cpu or cuda:<index>")
+
+    def validate(self, engine: str) -> None:
+        check_fields(self, "rollout.async")
+        require(self.max_staleness == 0 or engine == "hf",
+                f"rollout.async.max_staleness={self.max_staleness} runs the hf engine in a generator process; "
+                f"rollout.engine={engine} has no such mode yet (docs/rollout.md): use rollout=hf or max_staleness=0")
+
+
+@dataclass
 class RolloutConfig:
     engine: str = setting("hf",
         "Rollout engine (registry name): hf (the policy's own modules) | vllm (conf/rollout/vllm.yaml)")
@@ -91,6 +114,9 @@ class RolloutConfig:
     vllm: VLLMConfig = section(VLLMConfig,
         "vLLM's own settings (read only by the vllm engine; share_prefill does not apply: vLLM's prefix cache shares "
         "prompts)")
+    async_: AsyncConfig = section(AsyncConfig,
+        "Generation ahead of the update by a bounded number of policy versions, with corrected off-policy updates "
+        "(docs/rollout.md)")
 
     def validate(self) -> None:
         from tokenpo.rollout.engine import ENGINES
@@ -99,6 +125,7 @@ class RolloutConfig:
         ENGINES.check(self.engine)
         check_fields(self, "rollout")
         self.vllm.validate()
+        self.async_.validate(self.engine)
 
 
 def rollout_config_from_dict(d: dict) -> RolloutConfig:
@@ -109,6 +136,7 @@ def require_sampler_logprobs(tis_cap: float | None, rollout: RolloutConfig) -> N
     """Truncated importance sampling (algorithm.loss.tis_cap) weighs tokens by the engine's own log-probs."""
     from tokenpo.rollout.engine import ENGINES
 
-    require(tis_cap is None or bool(ENGINES.trait(rollout.engine, "logprobs")),
+    require(tis_cap is None or bool(ENGINES.trait(rollout.engine, "logprobs")) or rollout.async_.max_staleness > 0,
             f"algorithm.loss.tis_cap={tis_cap} needs the rollout engine's log-probs, which rollout.engine="
-            f"{rollout.engine} does not return: use rollout=vllm, or tis_cap=null")
+            f"{rollout.engine} does not return in turn: use rollout=vllm, rollout.async.max_staleness >= 1 (the "
+            f"generator process returns them), or tis_cap=null")

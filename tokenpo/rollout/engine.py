@@ -31,6 +31,7 @@ class SamplingParams:
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()
     share_prefill: bool = True
+    logprobs: bool = False  # return each sampled token's log-prob under the sampling temperature (hf engine)
 
 
 @dataclass

@@ -170,6 +170,9 @@ def _sample(model, prompt_ids, params: SamplingParams, pad_id: int, generator: t
     greedy = params.temperature == 0
     stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=device)
     tokens = torch.full((rows, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
+    # the sampled tokens' log-probs under the sampling temperature (the behaviour policy's, for off-policy corrections)
+    logprobs = torch.zeros((rows, params.max_new_tokens), dtype=torch.float32, device=device) \
+        if params.logprobs else None
     lengths = torch.zeros(rows, dtype=torch.long, device=device)
     # the batch's rows: `running` their rows of the output, `going` whether each still decodes (a row that stopped
     # stays, masked, until the next host check drops it); `logits`, `mask`, `position` and the cache follow them
@@ -183,6 +186,8 @@ def _sample(model, prompt_ids, params: SamplingParams, pad_id: int, generator: t
         next_ids = sample_with_uniform(logits, params, None if greedy else uniform[running])
         # a stopped row's length stays: what it writes past it is never read
         tokens[running, step] = next_ids
+        if logprobs is not None:
+            logprobs[running, step] = sampled_logprob(logits, next_ids, params.temperature)
         lengths[running] += going
         going = going & ~torch.isin(next_ids, stop)
         if step + 1 == params.max_new_tokens:
@@ -202,7 +207,16 @@ def _sample(model, prompt_ids, params: SamplingParams, pad_id: int, generator: t
         logits = out.logits[:, -1]
     # a row stopped iff its last token is a stop token; the others hit max_new_tokens
     stopped = torch.isin(tokens.gather(1, (lengths - 1)[:, None]).squeeze(1), stop).tolist()
+    counts = lengths.tolist()
     return Responses(
-        token_ids=[row[:n] for row, n in zip(tokens.tolist(), lengths.tolist())],
+        token_ids=[row[:n] for row, n in zip(tokens.tolist(), counts)],
         truncated=[not s for s in stopped],
+        logprobs=None if logprobs is None else [row[:n] for row, n in zip(logprobs.tolist(), counts)],
     )
+
+
+def sampled_logprob(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[R] log-prob of each row's sampled token under softmax(logits / temperature), as the trainer scores it
+    (temperature 0, greedy, as 1; top_p's renormalisation is not applied, as the trainer's log-probs do not)."""
+    scaled = logits.float() / (temperature or 1.0)
+    return scaled.gather(-1, token_ids[:, None]).squeeze(-1) - torch.logsumexp(scaled, -1)

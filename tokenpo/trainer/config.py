@@ -4,10 +4,79 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenpo.schema import check_fields, require, setting
+from tokenpo.schema import check_fields, require, section, setting
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
 VERIFY_CHECKPOINTS = ("full", "sizes")
+# what a health detector does when it fires (tokenpo.trainer.health; docs/reliability.md)
+HEALTH_ACTIONS = ("warn", "skip", "stop")
+HEALTH_ACTION_HELP = ("What it does when it fires: warn (one log line, and a W&B alert when W&B is on) | skip (also "
+                      "leaves this step's last optimizer update unapplied, counted in health/skipped_updates) | stop "
+                      "(as skip, then saves a checkpoint and ends the run with a one-line error)")
+
+
+@dataclass
+class ConstantRewardCheck:
+    action: str = setting("warn", HEALTH_ACTION_HELP, choices=HEALTH_ACTIONS)
+    steps: int | None = setting(5,
+        "Steps in a row in which every response got the same verdict (reward/correct_frac 0 or 1: a broken verifier "
+        "pays the same to all) before it fires (null = off)", ge=1, requirement=">= 1 or null")
+
+
+@dataclass
+class NonFiniteCheck:
+    action: str = setting("skip",
+        "A non-finite loss or gradient is never applied to the weights, whatever this says: skip (count it in "
+        "health/skipped_updates and go on) | stop (also save a checkpoint and end the run)", choices=("skip", "stop"))
+
+
+@dataclass
+class RatioCheck:
+    action: str = setting("warn", HEALTH_ACTION_HELP, choices=HEALTH_ACTIONS)
+    max_kl_old: float | None = setting(0.1,
+        "Bound on kl/old, the k3 KL of the updated policy to the rollout policy per token (0 with one mini-batch; "
+        "0.1 is a log-ratio near 0.45 on the average token, far outside a 0.2 clip range) (null = off)",
+        ge=0, finite=True, requirement="a finite number >= 0 or null")
+    steps: int = setting(1, "Steps in a row past the bound before it fires", ge=1)
+
+
+@dataclass
+class SamplerKLCheck:
+    action: str = setting("warn", HEALTH_ACTION_HELP, choices=HEALTH_ACTIONS)
+    max_kl: float | None = setting(0.01,
+        "Bound on mismatch/kl, the rollout engine's KL to the trainer's rollout policy on the sampled tokens (only "
+        "where the engine returns log-probs, rollout=vllm; a stale weight sync shows here) (null = off)",
+        ge=0, finite=True, requirement="a finite number >= 0 or null")
+    steps: int = setting(1, "Steps in a row past the bound before it fires", ge=1)
+
+
+@dataclass
+class EntropyCheck:
+    action: str = setting("warn", HEALTH_ACTION_HELP, choices=HEALTH_ACTIONS)
+    reference_steps: int = setting(3,
+        "The run's first steps whose mean entropy/mean is the reference the bounds scale (kept in checkpoints)", ge=1)
+    collapse_frac: float | None = setting(0.01,
+        "Fires below this fraction of the reference (the main job's lowest step is at 2.3 % of its start, the CPU "
+        "study's GTPO at 1.4 % by step 30: a fall of 10-40x is normal on arithmetic) (null = off)",
+        gt=0, lt=1, requirement="in (0, 1) or null")
+    blowup_factor: float | None = setting(3.0,
+        "Fires above this multiple of the reference (null = off)", gt=1, finite=True,
+        requirement="a finite number > 1 or null")
+    steps: int = setting(3, "Steps in a row past a bound before it fires (one step's entropy is noisy)", ge=1)
+
+
+@dataclass
+class HealthConfig:
+    constant_reward: ConstantRewardCheck = section(ConstantRewardCheck,
+        "Every reward 0 (or every reward 1) for several steps in a row")
+    nonfinite: NonFiniteCheck = section(NonFiniteCheck, "A non-finite loss or gradient norm")
+    ratio: RatioCheck = section(RatioCheck, "The update's importance ratios to the rollout policy")
+    sampler_kl: SamplerKLCheck = section(SamplerKLCheck, "Sampler/trainer mismatch")
+    entropy: EntropyCheck = section(EntropyCheck, "Entropy collapse or blow-up against the run's own start")
+
+    def validate(self) -> None:
+        for name in ("constant_reward", "nonfinite", "ratio", "sampler_kl", "entropy"):
+            check_fields(getattr(self, name), f"trainer.health.{name}")
 
 
 @dataclass
@@ -80,9 +149,12 @@ class TrainerConfig:
     objective: str | None = setting("eval/accuracy",
         "Metric whose value at the last step a job returns to its sweeper (Optuna's objective; docs/cluster.md): an "
         "eval metric, e.g. eval/accuracy, eval/<benchmark>/pass@1 (null = return nothing)")
+    health: HealthConfig = section(HealthConfig,
+        "Runs that watch themselves: per-step detectors, each with an action (docs/reliability.md)")
 
     def validate(self) -> None:
         check_fields(self, "trainer")
+        self.health.validate()
         if self.memory_limit is not None:
             from tokenpo.plan.units import parse_bytes
 

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from tokenpo import algorithms as alg
 from tokenpo.config import TrainConfig
 from tokenpo.data import PromptSampler, describe_template, load_splits
 from tokenpo.deepspeed import dist
@@ -22,8 +23,12 @@ from tokenpo.logger.samples import rollout_rows
 from tokenpo.plan.memory import with_vllm_share
 from tokenpo.rewards import RewardScorer
 from tokenpo.rollout.engine import build_engine
+from tokenpo.rollout.ahead import AheadGenerator, WorkerSettings
+from tokenpo.rollout.weight_stream import policy_weights
+from tokenpo.trainer.ahead import AheadSource
 from tokenpo.trainer.environment import record_environment
 from tokenpo.trainer.evals import AFTER, BEFORE, Evaluator, evaluate_benchmarks, load_benchmarks
+from tokenpo.trainer.health import HealthMonitor
 from tokenpo.trainer.launch import StopRequest
 from tokenpo.trainer.optim import step_lr
 from tokenpo.trainer.policy import Policy
@@ -60,10 +65,13 @@ def train(cfg: TrainConfig, identity: RunIdentity) -> dict:
                                             cfg.deepspeed)) as engine:
         source = RolloutSource(engine, scorer, prompts, decode, sampling_params(cfg.rollout, stops), cfg.seed,
                                policy.device)
+        if cfg.rollout.async_.max_staleness:
+            source = ahead_source(cfg, source, policy, sampler, tokenizer.pad_token_id)
         evaluator = Evaluator(TextSampler(engine.generate, tokenizer), scorer, cfg.reward, cfg.rollout, cfg.seed)
         state, resumed = resume_run(policy, sampler, trainer.resume, run_dir,
                                     with_checksums=trainer.verify_checkpoints == "full")
         logger = RunLogger(cfg.logger, identity, enabled=dist.is_main(), resume_id=state.wandb_id)
+        health = HealthMonitor(trainer.health, policy.guard, state.health, alert=logger.alert)
         if dist.is_main():
             record_environment(run_dir, state.step, dist.world_size())
             log.info("run dir: %s", run_dir)
@@ -81,6 +89,10 @@ def train(cfg: TrainConfig, identity: RunIdentity) -> dict:
             engine_stale = True  # asleep (at vLLM's sleep level 2 without its weights): only a sync wakes it
         if engine_stale:
             sync_engine(engine, policy)
+        if isinstance(source, AheadSource):  # the rounds in flight at the checkpoint, or the first ones
+            if state.in_flight is not None:
+                source.restore(state.in_flight[dist.rank()])
+            source.start(policy, state.step)
         if state.step == 0 and benchmarks and cfg.eval.before_training:
             metrics = evaluate_at(0, BEFORE)
             state.eval_before = metrics.get("eval/accuracy")
@@ -92,9 +104,11 @@ def train(cfg: TrainConfig, identity: RunIdentity) -> dict:
         interrupted = False
         for step in range(state.step + 1, trainer.max_steps + 1):
             with out_of_memory_reported(cfg, f"step {step}", shapes):
-                result = train_step(step, step_lr(step, trainer), run, policy, source, sampler, state.entropy_coef)
+                result = train_step(step, step_lr(step, trainer), run, policy, source, sampler, state.entropy_coef,
+                                    health)
             metrics = result.metrics
             state.step, state.generated_tokens = step, state.generated_tokens + result.generated_tokens
+            state.health = health.state_dict()
             state.entropy_coef = result.entropy_coef  # adaptive entropy control goes on from here after a resume
             metrics["tokens/generated_total"] = float(state.generated_tokens)  # a resumed run continues the count
             last = step == trainer.max_steps
@@ -111,17 +125,40 @@ def train(cfg: TrainConfig, identity: RunIdentity) -> dict:
             logger.log(step, metrics)
             # every rank must agree: a signal may have reached only some of them
             interrupted = any(dist.all_gather_objects(stop.requested))
+            # a health detector with action=stop ends the run as a signal does (every rank saw the same metrics)
+            interrupted = interrupted or health.stopping is not None
             if (trainer.save_every and step % trainer.save_every == 0) or interrupted:
+                if isinstance(source, AheadSource):  # what the generator has sampled ahead, every rank's
+                    state.in_flight = dist.all_gather_objects(source.in_flight())
                 state.sampler, state.wandb_id = sampler.state_dict(), logger.wandb_id
                 save_run(policy, state, run_dir, keep_last=trainer.keep_last,
                          with_checksums=trainer.verify_checkpoints == "full")
             if interrupted:
                 break
+        if isinstance(source, AheadSource):
+            source.close()
         if state.step == trainer.max_steps:
             policy.export(tokenizer, run_dir / "final")
         logger.finish()
     stop.restore()
-    return write_summary(state, identity, interrupted, stop.signum if interrupted else None)
+    summary = write_summary(state, identity, interrupted, stop.signum if interrupted else None)
+    if health.stopping is not None:
+        raise health.stop_error(run_dir)
+    return summary
+
+
+def ahead_source(cfg: TrainConfig, source: RolloutSource, policy: Policy, sampler: PromptSampler,
+                 pad_id: int) -> AheadSource:
+    """`source` with generation ahead of the update in a generator process (rollout.async)."""
+    zero3 = cfg.deepspeed.stage == 3
+    settings = WorkerSettings(cfg.model, cfg.seed, pad_id, cfg.rollout.async_.generator_threads,
+                              cfg.rollout.hf_stop_check_every, cfg.rollout.async_.generator_device)
+    generator = AheadGenerator(settings, policy_weights(policy.module, zero3))
+    sampling = cfg.algorithm.dynamic_sampling
+    first_round = (alg.prompts_per_round(cfg.data.prompts_per_step, sampling.oversample, dist.world_size())
+                   if sampling.enabled else cfg.data.prompts_per_step)
+    return AheadSource(source, generator, cfg.rollout.async_.max_staleness, first_round, cfg.trainer.max_steps,
+                       sampler, zero3)
 
 
 def write_summary(state: RunState, identity: RunIdentity, interrupted: bool, signum: int | None) -> dict:

@@ -34,6 +34,7 @@ from tokenpo.models.modes import no_dropout
 from tokenpo.trainer import checkpoint
 from tokenpo.trainer.batch import GroupTokens
 from tokenpo.trainer.checkpoint_manifest import CheckpointError
+from tokenpo.trainer.health import UpdateGuard
 from tokenpo.trainer.optim import build_optimizer
 
 
@@ -73,6 +74,7 @@ class Policy:
         self.device = device
         self.settings = settings
         self._reference = reference  # the frozen copy; None without a KL term, or with LoRA (the adapters off)
+        self.guard = UpdateGuard(optimizer)  # no non-finite update reaches the weights; health checks may hold one
 
     @property
     def module(self) -> torch.nn.Module:
@@ -101,6 +103,7 @@ class Policy:
 
     def _forward(self, model, tokens: GroupTokens, *, with_entropy: bool, entropy_grad: bool = False,
                  recompute_head: bool = False, fed: PassTokens | None = None) -> TokenLogprobs:
+        self.guard.flush()  # an update held for the step's health checks is applied before a pass reads the weights
         logp, entropy = forward_in_engine(
             model, response_logprobs, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids,
             tokens.response_mask, prompt_index=tokens.prompt_index, packed=self.settings.pack_sequences,
@@ -137,11 +140,13 @@ class Policy:
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate this rank's share of the global mean loss: DeepSpeed averages gradients over ranks, so it is
         scaled by the world size, and not again by gradient accumulation (the loss is already a share)."""
+        self.guard.note_loss(loss)
         self.engine.backward(loss * dist.world_size(), scale_wrt_gas=False)
 
     def step(self) -> None:
-        """One optimizer update with the gradients accumulated since the last one."""
-        self.engine.step()
+        """One optimizer update with the gradients accumulated since the last one; never a non-finite one, and held
+        until the step's health checks where one may skip it (tokenpo.trainer.health.UpdateGuard)."""
+        self.guard.step(self.engine)
 
     def set_lr(self, lr: float) -> None:
         """The learning rate of the following updates, on every parameter group (DeepSpeed's ZeRO optimizers wrap

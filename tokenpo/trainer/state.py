@@ -21,7 +21,8 @@ class RunState:
     """What a checkpoint carries besides the model and optimizer: the step, the prompt sampler's position, the W&B
     run id, the running totals and the entropy coefficient's state. On disk it is the client state `{"step",
     "sampler", "wandb_id", "history"}` with the totals and the held-out accuracies in `history` (the keys of the
-    checkpoints written so far), and `"entropy_coef": {"c", "active"}` once a step has run."""
+    checkpoints written so far), and `"entropy_coef": {"c", "active"}` and `"health"` (trainer.health's counts and
+    entropy reference: tokenpo.trainer.health.Detectors.state_dict) once a step has run."""
 
     step: int = 0
     sampler: dict | None = None  # PromptSampler.state_dict()
@@ -33,6 +34,10 @@ class RunState:
     # the entropy coefficient's state the next step starts from (adaptive entropy control's c_k and gate); None
     # before the first step, and in checkpoints written before it existed: the step then starts from the config's
     entropy_coef: EntropyCoef | None = None
+    # rollouts sampled ahead of the update (rollout.async.max_staleness >= 1) and not trained on yet, one list per
+    # rank (its own generator's rounds: tokenpo.trainer.ahead.AheadSource.in_flight); None when generating in turn
+    in_flight: list[list[dict]] | None = None
+    health: dict | None = None  # trainer.health's detectors after the last step (None before the first)
 
     def to_client_state(self) -> dict:
         history = {"generated_tokens": self.generated_tokens, "elapsed_s": self.elapsed_s}
@@ -41,6 +46,10 @@ class RunState:
         client = {"step": self.step, "sampler": self.sampler, "wandb_id": self.wandb_id, "history": history}
         if self.entropy_coef is not None:
             client["entropy_coef"] = {"c": self.entropy_coef.c, "active": self.entropy_coef.active}
+        if self.in_flight is not None:
+            client["in_flight"] = self.in_flight
+        if self.health is not None:
+            client["health"] = self.health
         return client
 
     @classmethod
@@ -49,7 +58,8 @@ class RunState:
         return cls(step=state["step"], sampler=state["sampler"], wandb_id=state.get("wandb_id"),
                    generated_tokens=history.get("generated_tokens", 0), elapsed_s=history.get("elapsed_s", 0.0),
                    eval_before=history.get("eval_before"), eval_after=history.get("eval_after"),
-                   entropy_coef=None if coef is None else EntropyCoef(float(coef["c"]), bool(coef["active"])))
+                   entropy_coef=None if coef is None else EntropyCoef(float(coef["c"]), bool(coef["active"])),
+                   in_flight=state.get("in_flight"), health=state.get("health"))
 
 
 def resume_run(policy: Policy, sampler: PromptSampler, resume: str, run_dir: Path, *,

@@ -29,6 +29,7 @@ from tokenpo.rewards import CORRECT, GOLD_INVALID, RewardConfig
 from tokenpo.rollout.engine import RolloutEngine
 from tokenpo.models.logprobs import PassTokens
 from tokenpo.trainer.batch import BatchSplit, MicroBatch, UpdatePlan, pad_to
+from tokenpo.trainer.health import HealthMonitor
 from tokenpo.trainer.policy import Policy
 from tokenpo.trainer.rollouts import (RolloutSource, StepRollouts, dynamic_sampling_metrics, fill_batch,
                                       format_rewards, mixed_group_ids, rollout_metrics)
@@ -49,12 +50,13 @@ class StepSettings:
     seed: int = 0  # the run's seed: with the step it seeds a token selection's random draws
     micro_batch_tokens: int | None = None  # prompt + response tokens per pass (None: by micro_batch_size)
     balance_ranks: str = "tokens"  # how groups go to ranks: tokens | round_robin
+    off_policy: bool = False  # rollouts sampled ahead of the update (rollout.async.max_staleness >= 1)
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, pad_token_id: int) -> StepSettings:
         return cls(cfg.algorithm, cfg.reward_for(cfg.data), cfg.data.prompts_per_step, cfg.rollout.max_new_tokens,
                    cfg.trainer.micro_batch_size, cfg.trainer.mini_batches, pad_token_id, cfg.seed,
-                   cfg.trainer.micro_batch_tokens, cfg.trainer.balance_ranks)
+                   cfg.trainer.micro_batch_tokens, cfg.trainer.balance_ranks, cfg.rollout.async_.max_staleness > 0)
 
     def split(self, group_size: int) -> BatchSplit:
         """How a step of groups of `group_size` rows splits into passes."""
@@ -63,8 +65,10 @@ class StepSettings:
     @property
     def needs_old_logprobs(self) -> bool:
         """Whether a step runs the old policy without grad first: several updates per rollout (their ratio's
-        denominator), an algorithm that reads the old policy's entropy, or a step-wide token selection."""
-        return self.mini_batches > 1 or alg.needs_entropy(self.algorithm) or alg.needs_step_logprobs(self.algorithm)
+        denominator), an algorithm that reads the old policy's entropy, a step-wide token selection, or rollouts
+        sampled ahead (the proximal policy: the trainer's at the start of the update, not the sampler's)."""
+        return (self.mini_batches > 1 or self.off_policy or alg.needs_entropy(self.algorithm)
+                or alg.needs_step_logprobs(self.algorithm))
 
 
 @dataclass(frozen=True)
@@ -83,9 +87,11 @@ class StepResult:
 
 
 def train_step(step: int, lr: float, run: StepSettings, policy: Policy, source: RolloutSource,
-               sampler: PromptSampler, entropy_coef: EntropyCoef | None) -> StepResult:
+               sampler: PromptSampler, entropy_coef: EntropyCoef | None,
+               health: HealthMonitor | None = None) -> StepResult:
     """Rollout step `step` at learning rate `lr`: collect the batch, update the policy on it, sync the engine.
-    `entropy_coef`: the entropy coefficient's state the previous step left (None: the run's first step)."""
+    `entropy_coef`: the entropy coefficient's state the previous step left (None: the run's first step); `health`:
+    the run's detectors (trainer.health), which check the step before the engine takes its weights."""
     timings, started = Timings(), time.perf_counter()
     coef = alg.step_entropy_coef(run.algorithm.loss, entropy_coef)
     rollouts = collect_rollouts(step, source, sampler, run.prompts_per_step, run.algorithm.dynamic_sampling,
@@ -94,13 +100,17 @@ def train_step(step: int, lr: float, run: StepSettings, policy: Policy, source: 
     source.engine.sleep()  # the update gets the memory the engine can release
     # dynamic sampling's keep_partial may leave no group that splits over the ranks: no update this step
     metrics = update_policy(run, policy, rollouts, timings, step, coef.value) if rollouts.examples else {"lr": lr}
+    if health is not None:  # an update it held is applied or skipped here
+        metrics.update(health.check(step, metrics, policy.grad_norm))
     metrics["entropy/coef"] = coef.value
     # the controller reads the step's mean token entropy of the update passes (the rollout policy's with one
     # mini-batch); a step without an update measured none and leaves it
     next_coef = alg.next_entropy_coef(run.algorithm.loss, coef, metrics.get("entropy/mean"))
     with timings("weight_sync"):
         sync_engine(source.engine, policy)
+        source.after_update(step, policy)  # a generator ahead of the update gets this version
     metrics.update(dynamic_sampling_metrics(rollouts))
+    metrics.update(source.take_metrics())
     step_s = time.perf_counter() - started
     metrics.update({f"timing/{phase}_s": seconds for phase, seconds in timings.seconds.items()})
     metrics["timing/step_s"] = step_s
@@ -118,14 +128,14 @@ def collect_rollouts(step: int, source: RolloutSource, sampler: PromptSampler, n
     mixed; the first `needed` of them make the batch, and `on_exhausted` decides when too few are (keep_partial
     keeps the most that split over `parts` = ranks x mini-batches)."""
     if not sampling.enabled:
-        batch = source.generate_and_score(sampler.next_batch(needed), source.generator(step, 0), timings)
+        batch = source.draw(step, 0, needed, sampler, timings)
         batch.rounds, batch.generated_groups, batch.mixed_groups = 1, needed, needed
         batch.generated_tokens = sum(map(len, batch.response_ids))
         return batch
     drawn = alg.prompts_per_round(needed, sampling.oversample, dist.world_size())
     mixed, rest = StepRollouts(), StepRollouts()  # rest: the groups the filter dropped, in order
     for round_index in range(sampling.max_gen_batches):
-        fresh = source.generate_and_score(sampler.next_batch(drawn), source.generator(step, round_index), timings)
+        fresh = source.draw(step, round_index, drawn, sampler, timings)
         mixed.rounds += 1
         mixed.generated_groups += len(fresh.examples)
         mixed.generated_tokens += sum(map(len, fresh.response_ids))
