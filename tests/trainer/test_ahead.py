@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
-from support.config import SMALL
+from support.config import ALGORITHM_NAMES, SMALL
+from support.env import cli_env
 from support.metrics import by_step, deterministic, read_metrics
 from support.runs import in_process_training, train_run
 from tokenpo.trainer import step as trainer_step
@@ -80,3 +83,39 @@ def test_generating_in_turn_keeps_the_synchronous_path(tmp_path):
     metrics = run(tmp_path, "in_turn", "rollout.async.max_staleness=0")
     assert not [key for key in metrics[1] if key.startswith("async/")]
     assert "mismatch/kl" not in metrics[1]  # the hf engine returns no log-probs in turn
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+def test_every_algorithm_trains_ahead_with_the_decoupled_correction(tmp_path, algorithm):
+    """k = 1 with AReaL's masked behaviour weight (tis_cap 5, mask); DAPO's dynamic sampling fills its short rounds
+    (the tiny model's rewards are all equal) from the further rounds it asks for."""
+    metrics = run(tmp_path, algorithm, f"algorithm={algorithm}", "trainer.max_steps=3", "rollout.async.max_staleness=1",
+                  "algorithm.loss.tis_cap=5", "algorithm.loss.tis_mode=mask",
+                  "algorithm.dynamic_sampling.on_exhausted=fill")
+    assert [metrics[step]["async/staleness"] for step in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    assert "tis/raw_weight_max" in metrics[3] and metrics[3]["tis/weight_mean"] > 0
+
+
+def test_lora_trains_ahead(tmp_path):
+    metrics = run(tmp_path, "lora", "model.lora.rank=4", "rollout.async.max_staleness=1")
+    assert metrics[STEPS]["async/staleness"] == 1.0 and metrics[STEPS]["mismatch/kl"] > 0
+
+
+@pytest.mark.multiproc
+def test_two_processes_under_zero3_generate_ahead_and_resume_from_a_checkpoint_with_rounds_in_flight(tmp_path):
+    """trainer.nproc=2: a generator per process; process 1's rounds in flight at step 2 are its own, saved in the
+    checkpoint beside process 0's, and a run resumed from that checkpoint into a new run dir logs the step 3 of the
+    uninterrupted run."""
+    common = [*MOVING, "trainer.max_steps=3", "trainer.nproc=2", "deepspeed=zero3", "rollout.async.max_staleness=1",
+              "trainer.save_every=1"]
+
+    def cli(run_dir, *extra):
+        done = subprocess.run([sys.executable, "-m", "tokenpo.train", *common, *extra, f"hydra.run.dir={run_dir}"],
+                              cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return by_step(read_metrics(run_dir))
+
+    whole = cli(tmp_path / "whole")
+    resumed = cli(tmp_path / "resumed", f"trainer.resume={tmp_path / 'whole' / 'checkpoints' / 'step_000002'}")
+    assert sorted(resumed) == [3] and resumed[3]["async/staleness"] == 1.0
+    assert deterministic(resumed[3]) == deterministic(whole[3])

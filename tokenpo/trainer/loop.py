@@ -6,6 +6,7 @@ metrics and sample tables (tokenpo.logger), stop signals (launch.StopRequest).""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -151,7 +152,9 @@ def ahead_source(cfg: TrainConfig, source: RolloutSource, policy: Policy, sample
                  pad_id: int) -> AheadSource:
     """`source` with generation ahead of the update in a generator process (rollout.async)."""
     zero3 = cfg.deepspeed.stage == 3
-    settings = WorkerSettings(cfg.model, cfg.seed, pad_id, cfg.rollout.async_.generator_threads,
+    # the base model: the trainer pushes merged weights under its names (LoRA folded in, as for vLLM)
+    base = dataclasses.replace(cfg.model, lora=dataclasses.replace(cfg.model.lora, rank=0))
+    settings = WorkerSettings(base, cfg.seed, pad_id, cfg.rollout.async_.generator_threads,
                               cfg.rollout.hf_stop_check_every, cfg.rollout.async_.generator_device)
     generator = AheadGenerator(settings, policy_weights(policy.module, zero3))
     sampling = cfg.algorithm.dynamic_sampling
