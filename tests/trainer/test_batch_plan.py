@@ -20,13 +20,14 @@ def skewed_lengths(groups: int, group_size: int, seed: int) -> tuple[list[int], 
     return prompts, responses
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("budget", [None, 600, 2000])
 @pytest.mark.parametrize("world", [1, 2, 4])
 @pytest.mark.parametrize("balance", ["tokens", "round_robin"])
-def test_every_row_once_and_every_rank_the_same_number_of_passes(budget, world, balance):
+def test_every_row_once_and_every_rank_the_same_number_of_passes(budget, world, balance, packed):
     g, groups, mini_batches = 4, 16, 2
     prompts, responses = skewed_lengths(groups, g, seed=world)
-    plan = update_plan(BatchSplit(g, 8, budget, balance), prompts, responses, mini_batches, world)
+    plan = update_plan(BatchSplit(g, 8, budget, balance, packed), prompts, responses, mini_batches, world)
     assert len(plan.passes) == mini_batches
     per_mini = groups // mini_batches
     for m, per_rank in enumerate(plan.passes):
@@ -38,8 +39,9 @@ def test_every_row_once_and_every_rank_the_same_number_of_passes(budget, world, 
         for micro in per_rank:
             for batch in micro:
                 assert sorted(batch.groups) == sorted({row // g for row in batch.rows})
-                if budget is not None:
-                    assert sum(prompts[r // g] + responses[r] for r in batch.rows) <= budget
+                tokens = [prompts[r // g] + responses[r] for r in batch.rows]
+                if budget is not None:  # padded passes run every row at the longest one's length
+                    assert (sum(tokens) if packed else len(tokens) * max(tokens)) <= budget
     row_tokens = [prompts[i // g] + n for i, n in enumerate(responses)]
     assert sum(plan.rank_tokens) == sum(row_tokens)
 
@@ -66,6 +68,15 @@ def test_first_fit_decreasing_fills_the_budget_and_keeps_oversized_rows_alone():
     micro = token_micro_batches([0, 1, 2, 3, 4], tokens, 40, 2)
     assert [sorted(m.rows) for m in micro] == [[4], [0, 3], [1, 2]]
     assert micro[1].prompt_index(2) == [0, 1] and micro[2].prompt_index(2) == [0, 1]
+
+
+def test_padded_passes_keep_rows_of_similar_length_together():
+    tokens = [500, 20, 30, 480, 25, 40]  # rows 0-5, groups of 2
+    padded = token_micro_batches(list(range(6)), tokens, 1000, 2, padded=True)
+    assert [sorted(m.rows) for m in padded] == [[0, 3], [1, 2, 4, 5]]  # 2 x 500 and 4 x 40 padded tokens
+    packed = token_micro_batches(list(range(6)), tokens, 1000, 2)
+    # first fit: 500 + 480, then 40, 30, 25 into a second pass, 20 back into the first (exactly 1000)
+    assert [sorted(m.rows) for m in packed] == [[0, 1, 3], [2, 4, 5]]
 
 
 def test_splitting_to_a_count_halves_the_largest_pass():

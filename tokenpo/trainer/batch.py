@@ -85,16 +85,24 @@ def micro_batch_of_rows(rows: list[int], group_size: int) -> MicroBatch:
     return MicroBatch(sorted({row // group_size for row in rows}), rows)
 
 
-def token_micro_batches(rows: list[int], row_tokens: list[int], budget: int, group_size: int) -> list[MicroBatch]:
-    """`rows` into micro-batches of at most `budget` tokens (a row's tokens: its prompt + response), first-fit
-    decreasing: the longest row first, each into the first micro-batch it fits, else a new one (FFD uses at most
-    11/9 of the fewest possible micro-batches + 1). A row longer than the budget is a micro-batch of its own (the
-    start-up check refuses a budget below the longest prompt + rollout.max_new_tokens). Rows of one group may land in
-    different micro-batches."""
+def token_micro_batches(rows: list[int], row_tokens: list[int], budget: int, group_size: int,
+                        padded: bool = False) -> list[MicroBatch]:
+    """`rows` into micro-batches of at most `budget` tokens (a row's tokens: its prompt + response), the longest row
+    first. Packed passes (`padded` false) count the rows' own tokens and fill first-fit decreasing: each row into the
+    first micro-batch it fits, else a new one (FFD uses at most 11/9 of the fewest possible micro-batches + 1).
+    Padded passes run every row at the length of the pass's longest (the one-call path pads to it; the shared-prompt
+    path's buckets come close), so they count rows x the longest row, and fill next-fit decreasing: rows of similar
+    length together, a new micro-batch when the next row would pass the budget. A row longer than the budget is a
+    micro-batch of its own (the start-up check refuses a budget below the longest prompt + rollout.max_new_tokens).
+    Rows of one group may land in different micro-batches."""
     bins: list[list[int]] = []
     loads: list[int] = []
     for row in sorted(rows, key=lambda r: (-row_tokens[r], r)):
-        fit = next((i for i, load in enumerate(loads) if load + row_tokens[row] <= budget), None)
+        if padded:  # the current micro-batch's longest row is its first
+            fits = bins and (len(bins[-1]) + 1) * row_tokens[bins[-1][0]] <= budget
+            fit = len(bins) - 1 if fits else None
+        else:
+            fit = next((i for i, load in enumerate(loads) if load + row_tokens[row] <= budget), None)
         if fit is None:
             bins.append([row])
             loads.append(row_tokens[row])
@@ -150,6 +158,7 @@ class BatchSplit:
     micro_batch_size: int  # sequences per pass, when no token budget is set
     micro_batch_tokens: int | None  # prompt + response tokens per pass (None: by sequence count)
     balance_ranks: str  # tokens | round_robin
+    packed: bool = False  # passes without padding (trainer.pack_sequences): the budget counts the rows' own tokens
 
 
 @dataclass(frozen=True)
@@ -190,7 +199,7 @@ def update_plan(split: BatchSplit, prompt_tokens: list[int], response_tokens: li
         if split.micro_batch_tokens is None:
             micro = [group_micro_batches(groups, longest, split.micro_batch_size, g) for groups in by_rank]
         else:
-            micro = [token_micro_batches(rows_of(groups, g), row_tokens, split.micro_batch_tokens, g)
+            micro = [token_micro_batches(rows_of(groups, g), row_tokens, split.micro_batch_tokens, g, not split.packed)
                      for groups in by_rank]
             count = max(map(len, micro))
             micro = [split_to_count(parts, count, row_tokens, g) for parts in micro]

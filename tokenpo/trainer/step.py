@@ -51,16 +51,19 @@ class StepSettings:
     micro_batch_tokens: int | None = None  # prompt + response tokens per pass (None: by micro_batch_size)
     balance_ranks: str = "tokens"  # how groups go to ranks: tokens | round_robin
     off_policy: bool = False  # rollouts sampled ahead of the update (rollout.async.max_staleness >= 1)
+    pack_sequences: bool = False  # passes without padding: a token budget counts the rows' own tokens
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, pad_token_id: int) -> StepSettings:
         return cls(cfg.algorithm, cfg.reward_for(cfg.data), cfg.data.prompts_per_step, cfg.rollout.max_new_tokens,
                    cfg.trainer.micro_batch_size, cfg.trainer.mini_batches, pad_token_id, cfg.seed,
-                   cfg.trainer.micro_batch_tokens, cfg.trainer.balance_ranks, cfg.rollout.async_.max_staleness > 0)
+                   cfg.trainer.micro_batch_tokens, cfg.trainer.balance_ranks, cfg.rollout.async_.max_staleness > 0,
+                   cfg.trainer.pack_sequences)
 
     def split(self, group_size: int) -> BatchSplit:
         """How a step of groups of `group_size` rows splits into passes."""
-        return BatchSplit(group_size, self.micro_batch_size, self.micro_batch_tokens, self.balance_ranks)
+        return BatchSplit(group_size, self.micro_batch_size, self.micro_batch_tokens, self.balance_ranks,
+                          self.pack_sequences)
 
     @property
     def needs_old_logprobs(self) -> bool:
