@@ -119,3 +119,12 @@ def test_two_processes_under_zero3_generate_ahead_and_resume_from_a_checkpoint_w
     resumed = cli(tmp_path / "resumed", f"trainer.resume={tmp_path / 'whole' / 'checkpoints' / 'step_000002'}")
     assert sorted(resumed) == [3] and resumed[3]["async/staleness"] == 1.0
     assert deterministic(resumed[3]) == deterministic(whole[3])
+
+
+def test_without_the_decoupled_objective_the_samplers_log_probs_are_the_old_policys(tmp_path):
+    """rollout.async.decoupled=false, AReaL's control: no proximal pass, ratios against the stale sampler."""
+    decoupled = run(tmp_path, "decoupled", "rollout.async.max_staleness=1")
+    plain = run(tmp_path, "plain", "rollout.async.max_staleness=1", "rollout.async.decoupled=false")
+    # one update per step: the proximal policy is the one being updated (ratio 1), the sampler is one update behind
+    assert decoupled[3]["kl/old"] < 1e-9 and plain[3]["kl/old"] > 1e-4
+    assert "timing/old_logprob_s" in decoupled[3] and "timing/old_logprob_s" not in plain[3]

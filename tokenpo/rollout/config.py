@@ -83,6 +83,10 @@ class AsyncConfig:
         "Policy versions generation runs ahead of the update (k; 0 = generate, then train, in turn): step r's batch is "
         "sampled by the policy after max(0, r - 1 - k) updates, in a generator process with its own weights (hf "
         "engine; verl's one-step-off-policy is k = 1)", ge=0)
+    decoupled: bool = setting(True,
+        "Ratios are taken and clipped against the trainer's policy at the start of the update, the proximal policy "
+        "(AReaL's decoupled PPO), and the sampler's log-probs only weigh the loss (algorithm.loss.tis_cap); false: "
+        "the sampler's log-probs are the old policy's (plain PPO on stale data, AReaL's control)")
     generator_threads: int = setting(0,
         "Intra-op CPU threads of the generator process (0 = torch's default; on CPU give generation and training "
         "each the cores they would use in turn)", ge=0)

@@ -51,6 +51,7 @@ class StepSettings:
     micro_batch_tokens: int | None = None  # prompt + response tokens per pass (None: by micro_batch_size)
     balance_ranks: str = "tokens"  # how groups go to ranks: tokens | round_robin
     off_policy: bool = False  # rollouts sampled ahead of the update (rollout.async.max_staleness >= 1)
+    behaviour_is_old: bool = False  # ahead, not decoupled: the sampler's log-probs are the old policy's
     pack_sequences: bool = False  # passes without padding: a token budget counts the rows' own tokens
 
     @classmethod
@@ -58,6 +59,7 @@ class StepSettings:
         return cls(cfg.algorithm, cfg.reward_for(cfg.data), cfg.data.prompts_per_step, cfg.rollout.max_new_tokens,
                    cfg.trainer.micro_batch_size, cfg.trainer.mini_batches, pad_token_id, cfg.seed,
                    cfg.trainer.micro_batch_tokens, cfg.trainer.balance_ranks, cfg.rollout.async_.max_staleness > 0,
+                   cfg.rollout.async_.max_staleness > 0 and not cfg.rollout.async_.decoupled,
                    cfg.trainer.pack_sequences)
 
     def split(self, group_size: int) -> BatchSplit:
@@ -69,9 +71,13 @@ class StepSettings:
     def needs_old_logprobs(self) -> bool:
         """Whether a step runs the old policy without grad first: several updates per rollout (their ratio's
         denominator), an algorithm that reads the old policy's entropy, a step-wide token selection, or rollouts
-        sampled ahead (the proximal policy: the trainer's at the start of the update, not the sampler's)."""
-        return (self.mini_batches > 1 or self.off_policy or alg.needs_entropy(self.algorithm)
-                or alg.needs_step_logprobs(self.algorithm))
+        sampled ahead (the proximal policy: the trainer's at the start of the update, not the sampler's; without the
+        decoupled objective the sampler's log-probs stand for the old policy, so only an entropy or a selection asks
+        for the pass)."""
+        reads_pass = alg.needs_entropy(self.algorithm) or alg.needs_step_logprobs(self.algorithm)
+        if self.behaviour_is_old:
+            return reads_pass
+        return self.mini_batches > 1 or self.off_policy or reads_pass
 
 
 @dataclass(frozen=True)
@@ -171,6 +177,9 @@ def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, tim
     if run.needs_old_logprobs:
         with timings("old_logprob"):
             old_logp, old_entropy = row_logprobs(run, policy, rollouts, mine, reference=False)
+    if run.behaviour_is_old:  # plain PPO on stale data: the sampler's log-probs as the old policy's
+        old_logp = {i: torch.tensor(rollouts.sampler_logprobs[i]) for micro in (m for per in mine for m in per)
+                    for i in micro.rows}
     if alg.needs_reference(run.algorithm):
         with timings("reference"):
             ref_logp, _ = row_logprobs(run, policy, rollouts, mine, reference=True)
