@@ -18,7 +18,8 @@
 #   space-separated; default the eight above; keep algorithm=grpo, the baseline), STUDY_LANES (2), STUDY_DOCS
 #   (docs/study: where the comparison goes), STUDY_MARGIN (unset: none; an equivalence margin named in advance, passed
 #   to tokenpo.compare --margin), STUDY_FIT (unset: none; e.g. "--fit-curves --compute tokens": extra arguments of
-#   the held-out comparison). Extra arguments are Hydra overrides for every run.
+#   the held-out comparison), STUDY_THREADS (1; empty: not set, the groups' own), STUDY_BASELINE (algorithm=grpo:
+#   the group the comparisons are taken against). Extra arguments are Hydra overrides for every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="$(bash scripts/setup.sh | tail -n 1)"
@@ -31,8 +32,10 @@ MARGIN=(${STUDY_MARGIN:+--margin "$STUDY_MARGIN"})
 read -r -a SEEDS <<< "${STUDY_SEEDS:-0 1 2 3 4}"
 read -r -a GROUPS_ <<< "${STUDY_GROUPS:-algorithm=grpo algorithm=dapo algorithm=gtpo experiment=gtpo/alpha2_0_control \
 algorithm=grpo_s algorithm=tepo algorithm=dr_grpo algorithm=gspo}"
-COMMON=(data=arith_study eval=arith_study data.prompts_per_step=4 rollout.max_new_tokens=24 trainer.threads=1
-        "${TESTBED[@]}" "$@")
+THREADS="${STUDY_THREADS-1}"
+BASELINE="${STUDY_BASELINE:-algorithm=grpo}"
+COMMON=(data=arith_study eval=arith_study data.prompts_per_step=4 rollout.max_new_tokens=24
+        ${THREADS:+trainer.threads=$THREADS} "${TESTBED[@]}" "$@")
 
 # sweep DIR STEPS SEEDS OVERRIDES...: the Hydra sweep over OVERRIDES and the comma-separated SEEDS into
 # DIR/seed<N>, one job at a time, STEPS steps each (console output in DIR/sweep.log); prints what became of each run
@@ -74,8 +77,8 @@ failed=$(wc -l < "$FAILED")
 echo "study wall time: $(( $(date +%s) - start )) s; failed runs: $failed"
 
 read -r -a FIT <<< "${STUDY_FIT:-}"
-"$PY" -m tokenpo.compare "$OUT" --baseline algorithm=grpo --target-metric eval/accuracy --target 0.5 --band ci \
+"$PY" -m tokenpo.compare "$OUT" --baseline "$BASELINE" --target-metric eval/accuracy --target 0.5 --band ci \
     "${MARGIN[@]}" "${FIT[@]}" --out "$DOCS"
-"$PY" -m tokenpo.compare "$OUT" --baseline algorithm=grpo --target-metric eval/arith_transfer/accuracy \
+"$PY" -m tokenpo.compare "$OUT" --baseline "$BASELINE" --target-metric eval/arith_transfer/accuracy \
     --target 0.3 --band ci --no-figures "${MARGIN[@]}" --out "$DOCS/transfer"
 exit $(( failed > 0 ))
