@@ -14,6 +14,10 @@ with restarting position ids: no padding at all, and the attention stays inside 
 block-diagonal mask for sdpa and eager from the position ids, and flash-attention's varlen path reads them); each row
 carries its own prompt, so the prompt is not shared by a group's rows.
 
+With `sdpa` attention the packed pass attends row by row (`segment_attention`, registered with transformers'
+AttentionInterface as `sdpa`): never an [S, S] mask over the whole pass, which SDPA would also convert to the training
+dtype in every layer.
+
 `single_call=True` runs the decoder exactly once per pass whatever the lengths (each row's prompt repeated for it,
 padded to the longest row; or packed): under ZeRO-3 on several processes every decoder call gathers each layer's
 parameters with collectives, so every rank must make the same calls, and the buckets' count depends on the lengths.
@@ -28,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils.checkpoint import checkpoint
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from tokenpo.models.lora import is_lora
 
@@ -73,6 +78,30 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """H = logsumexp(z) - sum softmax(z) * z over the vocabulary (spec: shared building blocks)."""
     log_z = torch.logsumexp(logits, dim=-1)
     return log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+
+def segment_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
+                      **kwargs):
+    """transformers' `sdpa` attention, but for a packed pass (`segment_lengths` given: the sizes of its consecutive
+    rows) causal within each row and nothing across rows, instead of one [S, S] mask that SDPA would also convert to
+    the training dtype in every layer. Queries [1, heads, S, d], keys and values [1, kv heads, S, d]; the output as
+    transformers' attention functions give it, [1, S, heads, d]."""
+    lengths = kwargs.pop("segment_lengths", None)
+    if lengths is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    dropout = dropout if module.training else 0.0
+    parts = [torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True,
+                                                              scale=scaling)
+             for q, k, v in zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2))]
+    return torch.cat(parts, 2).transpose(1, 2).contiguous(), None
+
+
+# registered as `sdpa` itself: the same function without `segment_lengths`, so no model config changes (a checkpointed
+# layer recomputes with the keyword arguments of its forward, and every other caller is unaffected)
+AttentionInterface.register("sdpa", segment_attention)
 
 
 @dataclass
@@ -219,31 +248,34 @@ def _bucket_hidden(decoder, prompt_last, prompt_kv, prompt_mask, response_embeds
 def _packed_hidden(decoder, prompt_ids, prompt_mask, response_ids, response_mask, prompt_index, tokens: PassTokens):
     """(hidden [N, H], rows [N], cols [N]) from one pass over the rows packed into a single sequence: row r is its
     prompt's real tokens then its response but the last token (which predicts nothing), positions restarting at 0.
-    transformers sees positions restart with no attention mask and keeps attention inside each row (its packed-
-    sequence mask for sdpa and eager, cu_seqlens for flash-attention's varlen kernels)."""
+    Attention stays inside each row: flash-attention's varlen kernels find the rows from the restarting positions;
+    any other implementation runs `segment_attention` over the rows' sizes."""
     lengths = response_mask.sum(-1).long().tolist()
     prompt_lengths = prompt_mask.sum(-1).long().tolist()
     width = prompt_ids.shape[1]
     prompt_index = prompt_index.tolist()
-    pieces, positions, targets, rows, cols, offset = [], [], [], [], [], 0
+    pieces, sizes, targets, rows, cols, offset = [], [], [], [], [], 0
     for row, (length, prompt) in enumerate(zip(lengths, prompt_index)):
         if length == 0:
             continue  # no token to predict
         prompt_length = prompt_lengths[prompt]
         pieces += [prompt_ids[prompt, width - prompt_length :], response_ids[row, : length - 1]]
-        size = prompt_length + length - 1
-        positions.append(torch.arange(size))
+        sizes.append(prompt_length + length - 1)
         # position prompt_length - 1 + t of the row predicts its response token t
         targets.append(torch.arange(length) + offset + prompt_length - 1)
         rows.append(torch.full((length,), row))
         cols.append(torch.arange(length))
-        offset += size
+        offset += sizes[-1]
     device = response_ids.device
     if not pieces:  # no token to predict: one call on the first prompt token all the same (ZeRO-3: every rank calls)
-        pieces, positions, targets, rows, cols = [prompt_ids[0, -1:]], [torch.zeros(1, dtype=torch.long)], [], [], []
+        pieces, sizes = [prompt_ids[0, -1:]], [1]
     tokens.add(offset, offset)
-    hidden = decoder(input_ids=torch.cat(pieces)[None], position_ids=torch.cat(positions).to(device)[None],
-                     attention_mask=None, use_cache=False).last_hidden_state[0]
+    positions = torch.cat([torch.arange(size) for size in sizes]).to(device)[None]
+    # sdpa attends row by row (segment_attention); flash-attention's varlen kernels and eager's packed-sequence mask
+    # find the rows from the restarting positions
+    rows_given = {"segment_lengths": sizes} if decoder.config._attn_implementation == "sdpa" else {}
+    hidden = decoder(input_ids=torch.cat(pieces)[None], position_ids=positions, attention_mask=None, use_cache=False,
+                     **rows_given).last_hidden_state[0]
     if not targets:
         empty = torch.zeros(0, dtype=torch.long, device=device)
         return hidden[:0], empty, empty

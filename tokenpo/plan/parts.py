@@ -181,10 +181,9 @@ def activations(arch: Architecture, rows: int, groups: int, prompt_tokens: int, 
     """The largest micro-batch's forward/backward (tokenpo.models.logprobs.response_token_hidden_states).
 
     Packed (trainer.pack_sequences): the rows run as one sequence of rows x (P + T - 1) tokens, each row its own
-    prompt; every layer keeps its activations and keys and values of every token (without checkpointing), and an
-    [S, S] additive attention mask in the training dtype (SDPA converts transformers' bool packed-sequence mask in
-    every layer; counted with saved_tensors_hooks); flash-attention's varlen path on a GPU builds none: an
-    over-estimate there.
+    prompt; every layer keeps its activations and keys and values of every token (without checkpointing); attention
+    runs row by row (sdpa: tokenpo.models.logprobs.segment_attention; flash-attention's varlen kernels), beside
+    transformers' [S, S] bool packed-sequence mask, built once per pass (unused there).
 
     Without checkpointing each group's prompt runs once and its KV cache serves its rows, whose responses (but
     the last token, which predicts nothing) run over it: every layer keeps its activations of groups x P +
@@ -196,13 +195,14 @@ def activations(arch: Architecture, rows: int, groups: int, prompt_tokens: int, 
     per_token, layers, h = layer_activation_bytes(arch, elem), arch.num_layers, arch.hidden_size
     if packed:
         tokens = rows * (prompt_tokens + max(new_tokens - 1, 0))
-        mask = tokens * tokens * elem  # one layer's
+        # row by row, each row's attention output is kept apart from the concatenated one: one more query-wide tensor
+        per_packed_token = per_token + arch.q_dim * elem
         if checkpointing:
-            one_layer = tokens * per_token + attention_keys_bytes(arch, tokens, elem) + mask
+            one_layer = tokens * per_packed_token + attention_keys_bytes(arch, tokens, elem)
             held = layers * tokens * h * elem + one_layer
         else:
-            held = layers * (tokens * per_token + attention_keys_bytes(arch, tokens, elem) + mask)
-        held += final_norm_bytes(arch, tokens, elem)
+            held = layers * (tokens * per_packed_token + attention_keys_bytes(arch, tokens, elem))
+        held += tokens * tokens + final_norm_bytes(arch, tokens, elem)  # the bool mask
         return Part("activations", held, UPDATE, f"packed: {rows} rows in one sequence of {tokens} tokens"
                                                  f"{', checkpointed' if checkpointing else ''}")
     if checkpointing:
