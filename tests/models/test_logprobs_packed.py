@@ -63,12 +63,16 @@ def test_the_packed_pass_runs_no_padding_and_the_padded_one_counts_its_own(model
     batch = padded_batch()
     lengths = batch[3].sum(-1).long()
     prompt_lengths = batch[1].sum(-1)[PROMPT_INDEX]
-    expected = int((prompt_lengths + lengths - 1)[lengths > 0].sum())  # each row: prompt + response - last token
-    packed, padded = PassTokens(), PassTokens()
+    responses = int((lengths - 1)[lengths > 0].sum())  # every response but its last token
+    packed, rows, padded = PassTokens(), PassTokens(), PassTokens()
     with torch.no_grad():
         response_logprobs(model, *batch, prompt_index=PROMPT_INDEX, packed=True, tokens=packed)
+        model.config._attn_implementation = "eager"  # rows each with its prompt
+        response_logprobs(model, *batch, prompt_index=PROMPT_INDEX, packed=True, tokens=rows)
+        model.config._attn_implementation = "sdpa"
         response_logprobs(model, *batch, prompt_index=PROMPT_INDEX, tokens=padded)
-    assert packed.fed == packed.real == expected
+    assert packed.fed == packed.real == int(batch[1].sum()) + responses  # sdpa: each prompt once
+    assert rows.fed == rows.real == int(prompt_lengths[lengths > 0].sum()) + responses
     # shared prompts: each of the 2 prompts once (padded to 5), the responses in buckets padded to their longest (a
     # row shorter than its bucket's longest runs its last token too)
     prompts = int(batch[1].sum())

@@ -172,8 +172,9 @@ def test_a_token_budget_sets_the_largest_micro_batch_and_packing_its_activations
                                        "trainer.micro_batch_tokens=1000", "trainer.pack_sequences=true"])
     packed = build_plan(packed_cfg, 1, prompt_tokens=40, device="cpu")
     shared_part, packed_part = (next(p for p in plan.parts if p.name == "activations") for plan in (shared, packed))
-    assert packed_part.note.startswith("packed: 4 rows in one sequence of 956 tokens")
-    assert packed_part.bytes > shared_part.bytes  # each row its own prompt, and the [S, S] mask
+    # sdpa: the prompt once (40) and the 4 responses but their last tokens (4 x 199)
+    assert packed_part.note.startswith("packed (shared): 4 rows in one sequence of 836 tokens")
+    assert packed_part.bytes > shared_part.bytes  # the row-by-row attention's copies and the pass's bool mask
     # halving the budget is the listed change for a budget that does not fit
     from tokenpo.plan.memory import smaller_micro_batches
 

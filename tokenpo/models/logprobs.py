@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -80,22 +81,46 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     return log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
 
+@dataclass(frozen=True)
+class PackedGroup:
+    """One prompt of a packed pass and the rows that continue it: `prompt` tokens, then each row's `branches` tokens
+    (its response but the last token), each attending to the prompt and to itself."""
+
+    prompt: int
+    branches: tuple[int, ...]
+
+
 def segment_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
                       **kwargs):
-    """transformers' `sdpa` attention, but for a packed pass (`segment_lengths` given: the sizes of its consecutive
-    rows) causal within each row and nothing across rows, instead of one [S, S] mask that SDPA would also convert to
-    the training dtype in every layer. Queries [1, heads, S, d], keys and values [1, kv heads, S, d]; the output as
-    transformers' attention functions give it, [1, S, heads, d]."""
-    lengths = kwargs.pop("segment_lengths", None)
-    if lengths is None:
+    """transformers' `sdpa` attention, but for a packed pass (`packed_groups` given: its layout, PackedGroup's in
+    sequence order): each prompt causally over itself, each branch over its prompt and causally over itself, nothing
+    else; no [S, S] mask over the pass (which SDPA would also convert to the training dtype in every layer). Queries
+    [1, heads, S, d], keys and values [1, kv heads, S, d]; the output as transformers' attention functions give it,
+    [1, S, heads, d]."""
+    groups = kwargs.pop("packed_groups", None)
+    if groups is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    groups = getattr(module, "num_key_value_groups", 1)
-    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
-        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    repeat = getattr(module, "num_key_value_groups", 1)
+    if repeat > 1:  # grouped-query attention: each key/value head serves `repeat` query heads
+        key, value = key.repeat_interleave(repeat, 1), value.repeat_interleave(repeat, 1)
     dropout = dropout if module.training else 0.0
-    parts = [torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True,
-                                                              scale=scaling)
-             for q, k, v in zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2))]
+
+    def attend(q, k, v, **mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, **mask)
+
+    parts, start = [], 0
+    for group in groups:
+        prompt = slice(start, start + group.prompt)
+        parts.append(attend(query[:, :, prompt], key[:, :, prompt], value[:, :, prompt], is_causal=True))
+        start = prompt.stop
+        for size in group.branches:
+            branch = slice(start, start + size)
+            keys = torch.cat([key[:, :, prompt], key[:, :, branch]], 2)
+            values = torch.cat([value[:, :, prompt], value[:, :, branch]], 2)
+            # branch token t sees the whole prompt and branch tokens 0..t
+            visible = torch.ones(size, group.prompt + size, dtype=torch.bool, device=query.device).tril(group.prompt)
+            parts.append(attend(query[:, :, branch], keys, values, attn_mask=visible))
+            start = branch.stop
     return torch.cat(parts, 2).transpose(1, 2).contiguous(), None
 
 
@@ -246,36 +271,47 @@ def _bucket_hidden(decoder, prompt_last, prompt_kv, prompt_mask, response_embeds
 
 
 def _packed_hidden(decoder, prompt_ids, prompt_mask, response_ids, response_mask, prompt_index, tokens: PassTokens):
-    """(hidden [N, H], rows [N], cols [N]) from one pass over the rows packed into a single sequence: row r is its
-    prompt's real tokens then its response but the last token (which predicts nothing), positions restarting at 0.
-    Attention stays inside each row: flash-attention's varlen kernels find the rows from the restarting positions;
-    any other implementation runs `segment_attention` over the rows' sizes."""
+    """(hidden [N, H], rows [N], cols [N]) from one pass over the micro-batch packed into a single sequence, no
+    padding. Under `sdpa` each prompt runs once, followed by its rows' responses (but their last tokens, which
+    predict nothing), each response positioned after its prompt and attending to it (`segment_attention`). Under
+    flash-attention (its varlen kernels) or eager (transformers' packed-sequence mask) each row is its prompt and
+    response, positions restarting at 0, attention kept inside the row by the restarting positions."""
     lengths = response_mask.sum(-1).long().tolist()
     prompt_lengths = prompt_mask.sum(-1).long().tolist()
     width = prompt_ids.shape[1]
-    prompt_index = prompt_index.tolist()
-    pieces, sizes, targets, rows, cols, offset = [], [], [], [], [], 0
-    for row, (length, prompt) in enumerate(zip(lengths, prompt_index)):
-        if length == 0:
-            continue  # no token to predict
-        prompt_length = prompt_lengths[prompt]
-        pieces += [prompt_ids[prompt, width - prompt_length :], response_ids[row, : length - 1]]
-        sizes.append(prompt_length + length - 1)
-        # position prompt_length - 1 + t of the row predicts its response token t
-        targets.append(torch.arange(length) + offset + prompt_length - 1)
-        rows.append(torch.full((length,), row))
-        cols.append(torch.arange(length))
-        offset += sizes[-1]
+    shared = decoder.config._attn_implementation == "sdpa"
+    order = sorted((row for row, n in enumerate(lengths) if n > 0), key=lambda row: int(prompt_index[row]))
+    pieces, positions, layout, targets, rows, cols, offset = [], [], [], [], [], [], 0
+    for prompt, members in itertools.groupby(order, key=lambda row: int(prompt_index[row])):
+        members = list(members)
+        prompt_length, prompt_tokens = prompt_lengths[prompt], prompt_ids[prompt, width - prompt_lengths[prompt] :]
+        branches = []
+        if shared:  # the prompt once
+            pieces.append(prompt_tokens)
+            positions.append(torch.arange(prompt_length))
+            last, offset = offset + prompt_length - 1, offset + prompt_length
+        for row in members:
+            length = lengths[row]
+            if not shared:  # the prompt with each row
+                pieces.append(prompt_tokens)
+                positions.append(torch.arange(prompt_length))
+                last, offset = offset + prompt_length - 1, offset + prompt_length
+            pieces.append(response_ids[row, : length - 1])
+            positions.append(torch.arange(prompt_length, prompt_length + length - 1))
+            branches.append(length - 1)
+            # the prompt's last position predicts response token 0, response position t - 1 token t
+            targets.append(torch.cat([torch.tensor([last]), torch.arange(offset, offset + length - 1)]))
+            rows.append(torch.full((length,), row))
+            cols.append(torch.arange(length))
+            offset += length - 1
+        layout.append(PackedGroup(prompt_length, tuple(branches)))
     device = response_ids.device
     if not pieces:  # no token to predict: one call on the first prompt token all the same (ZeRO-3: every rank calls)
-        pieces, sizes = [prompt_ids[0, -1:]], [1]
+        pieces, positions, layout = [prompt_ids[0, -1:]], [torch.zeros(1, dtype=torch.long)], [PackedGroup(1, ())]
     tokens.add(offset, offset)
-    positions = torch.cat([torch.arange(size) for size in sizes]).to(device)[None]
-    # sdpa attends row by row (segment_attention); flash-attention's varlen kernels and eager's packed-sequence mask
-    # find the rows from the restarting positions
-    rows_given = {"segment_lengths": sizes} if decoder.config._attn_implementation == "sdpa" else {}
-    hidden = decoder(input_ids=torch.cat(pieces)[None], position_ids=positions, attention_mask=None, use_cache=False,
-                     **rows_given).last_hidden_state[0]
+    extra = {"packed_groups": layout} if shared else {}
+    hidden = decoder(input_ids=torch.cat(pieces)[None], position_ids=torch.cat(positions).to(device)[None],
+                     attention_mask=None, use_cache=False, **extra).last_hidden_state[0]
     if not targets:
         empty = torch.zeros(0, dtype=torch.long, device=device)
         return hidden[:0], empty, empty

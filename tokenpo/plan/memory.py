@@ -183,7 +183,7 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
         parts.append(P.ahead_generator(arch, params, shapes.rollout_rows, shapes.prompt_tokens, shapes.new_tokens,
                                        model_elem, rollout.async_.generator_device != "cpu"))
     activations = P.activations(arch, shapes.micro_rows, shapes.micro_groups, shapes.prompt_tokens,
-                                shapes.new_tokens, elem, cfg.model.gradient_checkpointing, cfg.trainer.pack_sequences)
+                                shapes.new_tokens, elem, cfg.model.gradient_checkpointing, packing(cfg))
     head = P.head_chunks(arch, shapes.micro_rows * shapes.new_tokens, cfg.trainer.logit_chunk_tokens,
                          cfg.trainer.recompute_head, alg.needs_entropy_grad(cfg.algorithm))
     parts += [activations, head]
@@ -199,6 +199,14 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
         parts.insert(rollout_at, vllm_part(rollout.vllm, arch, shapes, params, model_elem, parts, device_memory,
                                            device))
     return MemoryPlan(parts, shapes, params, trainable, source, device_memory)
+
+
+def packing(cfg: TrainConfig) -> str | None:
+    """How the update's passes are packed (tokenpo.models.logprobs._packed_hidden): none, each prompt once with its
+    rows (`shared`, sdpa) or each row with its prompt (`rows`)."""
+    if not cfg.trainer.pack_sequences:
+        return None
+    return "shared" if cfg.model.attn_implementation == "sdpa" else "rows"
 
 
 def vllm_part(v: VLLMConfig, arch: Architecture, shapes: Shapes, params: int, model_elem: int, others: list[P.Part],

@@ -177,13 +177,8 @@ def final_norm_bytes(arch: Architecture, tokens: int, elem: int) -> int:
 
 
 def activations(arch: Architecture, rows: int, groups: int, prompt_tokens: int, new_tokens: int, elem: int,
-                checkpointing: bool, packed: bool = False) -> Part:
+                checkpointing: bool, packed: str | None = None) -> Part:
     """The largest micro-batch's forward/backward (tokenpo.models.logprobs.response_token_hidden_states).
-
-    Packed (trainer.pack_sequences): the rows run as one sequence of rows x (P + T - 1) tokens, each row its own
-    prompt; every layer keeps its activations and keys and values of every token (without checkpointing); attention
-    runs row by row (sdpa: tokenpo.models.logprobs.segment_attention; flash-attention's varlen kernels), beside
-    transformers' [S, S] bool packed-sequence mask, built once per pass (unused there).
 
     Without checkpointing each group's prompt runs once and its KV cache serves its rows, whose responses (but
     the last token, which predicts nothing) run over it: every layer keeps its activations of groups x P +
@@ -191,19 +186,28 @@ def activations(arch: Architecture, rows: int, groups: int, prompt_tokens: int, 
     the attention mask (rows x (T - 1) x (P + T - 1)) is one tensor for all layers. With checkpointing every row
     runs prompt + response; each layer keeps only its input, plus one layer's activations, keys, values and mask
     while that layer is recomputed in the backward pass.
+
+    Packed (trainer.pack_sequences) runs one sequence: `shared` (sdpa) each prompt once and its rows' responses, as
+    many tokens as the shared-prompt pass, `rows` (flash-attention, eager) each row with its prompt, rows x
+    (P + T - 1) tokens. Attention runs prompt by prompt and row by row, each row's output kept apart from the
+    concatenated one (one more query-wide tensor per token), beside transformers' [S, S] bool packed-sequence mask,
+    built once per pass (unused by sdpa's and flash-attention's row-by-row attention).
     """
     per_token, layers, h = layer_activation_bytes(arch, elem), arch.num_layers, arch.hidden_size
+    response = max(new_tokens - 1, 0)
     if packed:
-        tokens = rows * (prompt_tokens + max(new_tokens - 1, 0))
-        # row by row, each row's attention output is kept apart from the concatenated one: one more query-wide tensor
+        tokens = groups * prompt_tokens + rows * response if packed == "shared" else rows * (prompt_tokens + response)
+        # keys and values expanded to every head over the pass (a prompt attends through views of them) and, shared,
+        # each row's own copy of its prompt's beside its own
+        positions = tokens + (groups * prompt_tokens + rows * (prompt_tokens + response) if packed == "shared" else 0)
         per_packed_token = per_token + arch.q_dim * elem
         if checkpointing:
-            one_layer = tokens * per_packed_token + attention_keys_bytes(arch, tokens, elem)
+            one_layer = tokens * per_packed_token + attention_keys_bytes(arch, positions, elem)
             held = layers * tokens * h * elem + one_layer
         else:
-            held = layers * (tokens * per_packed_token + attention_keys_bytes(arch, tokens, elem))
+            held = layers * (tokens * per_packed_token + attention_keys_bytes(arch, positions, elem))
         held += tokens * tokens + final_norm_bytes(arch, tokens, elem)  # the bool mask
-        return Part("activations", held, UPDATE, f"packed: {rows} rows in one sequence of {tokens} tokens"
+        return Part("activations", held, UPDATE, f"packed ({packed}): {rows} rows in one sequence of {tokens} tokens"
                                                  f"{', checkpointed' if checkpointing else ''}")
     if checkpointing:
         seq = prompt_tokens + new_tokens
@@ -212,7 +216,6 @@ def activations(arch: Architecture, rows: int, groups: int, prompt_tokens: int, 
         held = layers * tokens * h * elem + final_norm_bytes(arch, tokens, elem) + one_layer
         return Part("activations", held, UPDATE,
                     f"checkpointed: {rows} rows x {seq} tokens, layer inputs + one layer")
-    response = max(new_tokens - 1, 0)
     tokens = groups * prompt_tokens + rows * response
     positions = groups * prompt_tokens + rows * (prompt_tokens + response)
     mask = (rows * response * (prompt_tokens + response) + groups * prompt_tokens**2) * elem
