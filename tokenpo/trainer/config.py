@@ -101,13 +101,15 @@ class TrainerConfig:
         "groups at >= rollout.group_size, below it a slice of one group's rows (down to 1, as verl's "
         "ppo_micro_batch_size_per_gpu)", ge=1)
     micro_batch_tokens: int | None = setting(None,
-        "Prompt + response tokens per forward/backward pass on one process (null = by micro_batch_size): rows packed "
-        "first-fit decreasing by length, a group's rows free to land in different passes, the same update (verl's "
-        "use_dynamic_bsz + ppo_max_token_len_per_gpu); at least the longest prompt + rollout.max_new_tokens",
+        "Tokens per forward/backward pass on one process (null = by micro_batch_size): padded passes count rows x "
+        "their longest prompt + response, packed ones their own tokens; a group's rows free to land in different "
+        "passes, the same update (verl's use_dynamic_bsz + ppo_max_token_len_per_gpu); at least the longest prompt + "
+        "rollout.max_new_tokens",
         ge=1, requirement=">= 1 or null")
     pack_sequences: bool = setting(False,
-        "Run each pass's rows as one padding-free sequence, positions restarting per row, attention kept inside each "
-        "row (verl's use_remove_padding); each row carries its own prompt (not shared by a group's rows)")
+        "Run each pass as one padding-free sequence (verl's use_remove_padding): under sdpa each prompt once with its "
+        "rows' responses attending to it, under flash-attention or eager each row with its prompt, positions "
+        "restarting")
     balance_ranks: str = setting("tokens",
         "How the update's groups go to processes: tokens (longest first to the least-loaded process, equal counts, "
         "so no process waits long for one that drew the long answers) | round_robin (group i to process i mod N)",
