@@ -1,6 +1,7 @@
-"""Run by every rank of test_algorithm_stages.py: `python algorithm_ranks.py <out_dir> <algorithm>:<stage> ...`
-(RANK / WORLD_SIZE / MASTER_* set): each algorithm's update on zero_ranks' fixed batch under the stage, one group per
-micro-batch, exported to <out_dir>/<algorithm>/<stage>-accumulated/ with its report beside it."""
+"""Run by every rank of test_algorithm_stages.py: `python algorithm_ranks.py <out_dir> <algorithm>:<stage>:<micro> ...`
+(RANK / WORLD_SIZE / MASTER_* set): each algorithm's update on zero_ranks' fixed batch under the stage, split as
+zero_ranks.MICRO[micro] says (one group per pass, or packed token budgets), exported to
+<out_dir>/<algorithm>/<stage>-<micro>/ with its report beside it."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from tokenpo.deepspeed import dist
 def main(out: Path, pairs: list[str]) -> None:
     dist.init_distributed("gloo")
     for pair in pairs:
-        algorithm, stage = pair.split(":")
-        zero_ranks.one_update(stage, "accumulated", out / algorithm, algorithm)
+        algorithm, stage, micro = pair.split(":")
+        zero_ranks.one_update(stage, micro, out / algorithm, algorithm)
 
 
 if __name__ == "__main__":
