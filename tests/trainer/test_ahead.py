@@ -125,6 +125,8 @@ def test_without_the_decoupled_objective_the_samplers_log_probs_are_the_old_poli
     """rollout.async.decoupled=false, AReaL's control: no proximal pass, ratios against the stale sampler."""
     decoupled = run(tmp_path, "decoupled", "rollout.async.max_staleness=1")
     plain = run(tmp_path, "plain", "rollout.async.max_staleness=1", "rollout.async.decoupled=false")
-    # one update per step: the proximal policy is the one being updated (ratio 1), the sampler is one update behind
+    # one update per step: the proximal policy is the one being updated (ratio 1, its own forward's log-probs: no
+    # pass of its own), the sampler is one update behind
     assert decoupled[3]["kl/old"] < 1e-9 and plain[3]["kl/old"] > 1e-4
-    assert "timing/old_logprob_s" in decoupled[3] and "timing/old_logprob_s" not in plain[3]
+    assert "timing/old_logprob_s" not in decoupled[3] and "timing/old_logprob_s" not in plain[3]
+    assert decoupled[3]["mismatch/kl"] > 1e-4  # the behaviour weight compares the sampler with the proximal policy

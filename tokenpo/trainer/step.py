@@ -70,14 +70,15 @@ class StepSettings:
     @property
     def needs_old_logprobs(self) -> bool:
         """Whether a step runs the old policy without grad first: several updates per rollout (their ratio's
-        denominator), an algorithm that reads the old policy's entropy, a step-wide token selection, or rollouts
-        sampled ahead (the proximal policy: the trainer's at the start of the update, not the sampler's; without the
-        decoupled objective the sampler's log-probs stand for the old policy, so only an entropy or a selection asks
-        for the pass)."""
+        denominator), an algorithm that reads the old policy's entropy, or a step-wide token selection. Rollouts
+        sampled ahead need no pass of their own: with one update per step the proximal policy (the trainer's at the
+        start of the update) is the policy of the update's own forward pass (its detached log-probs), and with
+        several the pass is run anyway; without the decoupled objective the sampler's log-probs are the old
+        policy's."""
         reads_pass = alg.needs_entropy(self.algorithm) or alg.needs_step_logprobs(self.algorithm)
         if self.behaviour_is_old:
             return reads_pass
-        return self.mini_batches > 1 or self.off_policy or reads_pass
+        return self.mini_batches > 1 or reads_pass
 
 
 @dataclass(frozen=True)
