@@ -56,7 +56,7 @@ class Scripted:
         self.engine = self.make_engine()
         scorer = ScriptedScorer({ex.answer: VERDICTS[kind] for ex, kind in zip(order, script)})
         self.source = RolloutSource(self.engine, scorer, encode=lambda example: [int(example.uid[1:])],
-                                    decode=lambda ids: ["text"] * len(ids), params=SamplingParams(G, 4), seed=0,
+                                    decode=lambda ids: ["text"] * len(ids), params=SamplingParams(G, 4), seed_base=0,
                                     device=torch.device("cpu"))
         self.prompts_per_step, self.mini_batches = prompts_per_step, mini_batches
         self.sampling = replace(DynamicSamplingConfig(enabled=True), **dynamic_sampling)
