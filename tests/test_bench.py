@@ -61,6 +61,20 @@ def test_summarise_reports_the_weight_sync_share_of_the_steps():
     assert out["phases_s"]["weight_sync"] == pytest.approx(0.3)
 
 
+def test_summarise_reports_the_overlap_and_the_generators_own_speed_when_generation_runs_ahead():
+    ahead = {"generator": 3.0, "generator_wait_weights": 1.0, "trainer_wait_rollouts": 0.5, "trainer_wait_weights": 0.1}
+    runs = [{"steps": [step(9.0, 1.0, 5, **ahead), step(4.0, 2.0, 40, generate=0.5, **ahead),
+                       step(6.0, 3.0, 20, generate=0.5, **ahead | {"generator": 5.0})],
+             "peak_rss_mb": {"process": 1.0, "total": 1.0}}]
+    out = summarise(runs, SHAPE)
+    # tokens over the generator process's seconds, not over the trainer's wait (its "generate")
+    assert out["generation_tokens_per_s"] == pytest.approx(60 / 8.0)
+    assert out["ahead_s"] == {"generator": 4.0, "generator_wait_weights": 1.0, "trainer_wait_rollouts": 0.5,
+                              "trainer_wait_weights": 0.1}
+    assert summarise([{"steps": [step(9.0, 1.0, 5), step(4.0, 2.0, 40, generate=2.0)],
+                       "peak_rss_mb": {"process": 1.0, "total": 1.0}}], SHAPE)["ahead_s"] == {}
+
+
 def test_forward_flops_counts_the_head_on_completion_tokens_only():
     assert forward_flops(prompt_tokens=5, completion_tokens=0, shape=SHAPE) == 2 * 1000 * 5
     assert forward_flops(prompt_tokens=0, completion_tokens=3, shape=SHAPE) == 2 * 1000 * 3 + 2 * 4 * 10 * 3

@@ -163,6 +163,9 @@ def table(report: dict) -> str:
                                                        for f in frameworks))
     lines.append("generation tok/s".ljust(20) + "".join(f"{report[f]['generation_tokens_per_s'] or 0:10.1f}"
                                                        for f in frameworks))
+    for phase in sorted({p for f in frameworks for p in report[f].get("ahead_s", {})}):
+        lines.append(f"{phase} (s)".ljust(20) + "".join(f"{report[f].get('ahead_s', {}).get(phase, 0):10.2f}"
+                                                       for f in frameworks))
     lines.append("weight sync % step".ljust(20) + "".join(f"{100 * report[f]['weight_sync_frac']:10.1f}"
                                                          for f in frameworks))
     if "tokenpo_over_trl" in report:

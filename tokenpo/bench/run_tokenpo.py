@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from tokenpo.bench.settings import BenchSettings, train_config
-from tokenpo.bench.stats import model_shape
+from tokenpo.bench.stats import AHEAD_PHASES, model_shape
 
 # metrics.jsonl key -> bench phase; a pass the run did not need (no reference at beta = 0) took 0 s
 METRIC_PHASES = {"generate": "timing/generate_s", "reward": "timing/reward_s", "reference": "timing/reference_s",
@@ -91,6 +91,7 @@ def run_tokenpo(s: BenchSettings) -> dict:
     for record, split in zip(records, extra, strict=True):
         step = {phase: record.get(key) or 0.0 for phase, key in METRIC_PHASES.items()}
         step["step_s"] = record["timing/step_s"]
+        step.update({phase: record[f"timing/{phase}_s"] for phase in AHEAD_PHASES if f"timing/{phase}_s" in record})
         step.update(split)
         step["policy_forward"] = step["update"] - split["backward"] - split["optimizer"]
         steps.append(step)

@@ -14,6 +14,9 @@ import psutil
 # updated weights (0 for the hf engine, which generates with the policy itself, and for TRL without vLLM).
 PHASES = ("generate", "reward", "reference", "old_logprob", "update", "policy_forward", "backward", "optimizer",
           "weight_sync")
+# with generation ahead of the update (rollout.async.max_staleness > 0): the generator process's seconds per batch,
+# its wait for the weights it must sample with, and the trainer's waits for rollouts and for the weights' copy
+AHEAD_PHASES = ("generator", "generator_wait_weights", "trainer_wait_rollouts", "trainer_wait_weights")
 
 
 def model_shape(model) -> dict:
@@ -93,7 +96,9 @@ def summarise(runs: list[dict], shape: dict, warmup_steps: int = 1) -> dict:
     tokens = sum(s["completion_tokens"] for s in measured)
     fwd = sum(forward_flops(s["prompt_tokens"], s["completion_tokens"], shape) for s in measured)
     update_s = sum(s["update"] for s in measured)
-    generate_s = sum(s["generate"] for s in measured)
+    ahead = [p for p in AHEAD_PHASES if all(p in s for s in measured)]
+    # the engine's own seconds: the generator process's when it runs ahead (the trainer's "generate" is then a wait)
+    generate_s = sum(s["generator"] if "generator" in ahead else s["generate"] for s in measured)
     reference_s = sum(s["reference"] for s in measured)
     return {
         "median_step_s": statistics.median(step_s),
@@ -101,6 +106,8 @@ def summarise(runs: list[dict], shape: dict, warmup_steps: int = 1) -> dict:
         # CPU seconds of the framework's process (all its threads) per step
         "median_step_cpu_s": statistics.median(s["step_cpu_s"] for s in measured),
         "phases_s": {p: statistics.median(s[p] for s in measured) for p in PHASES},
+        # empty when generation runs in turn
+        "ahead_s": {p: statistics.median(s[p] for s in measured) for p in ahead},
         "completion_tokens_per_s": tokens / sum(step_s),
         "completion_tokens_per_step": tokens / len(measured),
         # the rollout engine's speed: completion tokens over the generation phase alone
