@@ -5,8 +5,8 @@ device (rollout.hf_stop_check_every), in one process, interleaved.
 
 1. generate_hf on SmolLM2-135M (the embedded model) for step 1's 8 prompts x 4 samples x 64 new tokens (temperature
    1), with the tokenizer's EOS as stop token and with none (then every way samples the same tokens): the previous
-   loop (a host check every token, a float64 cumulative sum over the vocabulary; copied below, it is no longer in the
-   package), the new one with the CPU's default check interval (1), and with 16 (a GPU's default). Generated tokens
+   loop (a host check every token, a float64 cumulative sum over the vocabulary: tokenpo/bench/previous_hf.py), the
+   new one with the CPU's default check interval (1), and with 16 (a GPU's default). Generated tokens
    per second of wall clock and per CPU second of the process (less sensitive to other jobs on a shared machine):
    median, min, max over the repeats.
 2. The sampler alone on [32, 49152] and [32, 151936] random logits (SmolLM2's and Qwen2.5's vocabularies): ms per
@@ -24,76 +24,10 @@ import statistics
 import time
 
 import torch
-from transformers import DynamicCache
 
-from tokenpo.models.logprobs import kv_cache, left_pad, position_ids_from_mask
-from tokenpo.models.modes import no_dropout
-from tokenpo.rollout.engine import Responses, SamplingParams
+from tokenpo.bench.previous_hf import previous_generate_hf, previous_sample_next
+from tokenpo.rollout.engine import SamplingParams
 from tokenpo.rollout.hf import generate_hf, sample_next
-
-
-def previous_sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
-    """tokenpo.rollout.hf.sample_next before: one float64 cumulative sum over the vocabulary per row."""
-    if params.temperature == 0:
-        return logits.argmax(-1)
-    logits = logits.float()
-    probs = torch.softmax(logits if params.temperature == 1 else logits / params.temperature, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    cdf = probs.double().cumsum(-1)
-    total = cdf[:, -1:]
-    uniform = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device)
-    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
-
-
-@torch.no_grad()
-def previous_generate_hf(model, prompt_ids, params: SamplingParams, pad_id: int,
-                         generator: torch.Generator) -> Responses:
-    """tokenpo.rollout.hf.generate_hf before: the host checks `going` every token and drops stopped rows at once."""
-    with no_dropout(model):
-        device = next(model.parameters()).device
-        ids, mask = left_pad(prompt_ids, pad_id)
-        ids, mask = ids.to(device), mask.to(device)
-        g = params.num_samples
-        if not params.share_prefill:
-            ids, mask = ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0)
-        cache = DynamicCache()
-        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                    **kv_cache(model, cache), use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1]
-        if params.share_prefill and g > 1:
-            cache.batch_repeat_interleave(g)
-            logits = logits.repeat_interleave(g, 0)
-            mask = mask.repeat_interleave(g, 0)
-        rows = logits.shape[0]
-        stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=device)
-        tokens = torch.full((rows, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
-        lengths = torch.zeros(rows, dtype=torch.long, device=device)
-        running = torch.arange(rows, device=device)
-        position = mask.sum(-1)
-        for step in range(params.max_new_tokens):
-            next_ids = previous_sample_next(logits, params, generator)
-            tokens[running, step] = next_ids
-            lengths[running] += 1
-            going = ~torch.isin(next_ids, stop)
-            if step + 1 == params.max_new_tokens or not bool(going.any()):
-                break
-            if not bool(going.all()):
-                keep = going.nonzero().squeeze(-1)
-                running, next_ids, mask, position = running[keep], next_ids[keep], mask[keep], position[keep]
-                cache.batch_select_indices(keep)
-            mask = torch.cat([mask, mask.new_ones(len(running), 1)], dim=1)
-            out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position[:, None],
-                        **kv_cache(model, cache), use_cache=True)
-            position = position + 1
-            logits = out.logits[:, -1]
-        stopped = torch.isin(tokens.gather(1, (lengths - 1)[:, None]).squeeze(1), stop).tolist()
-        return Responses(token_ids=[row[:n] for row, n in zip(tokens.tolist(), lengths.tolist())],
-                         truncated=[not s for s in stopped])
 
 
 def load_average() -> str:

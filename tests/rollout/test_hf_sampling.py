@@ -1,6 +1,7 @@
 """The `hf` engine's sampler and stop rule: the two-level inverse CDF picks what one float64 cumulative sum over the
-vocabulary picked (the sampler before it, copied here), samples the softmax, never a zero-probability token; the
-tokens do not depend on rollout.hf_stop_check_every, and the host drops stopped rows only at its checks."""
+vocabulary picked (the sampler before it: tokenpo/bench/previous_hf.py), samples the softmax, never a
+zero-probability token; the tokens do not depend on rollout.hf_stop_check_every, and the host drops stopped rows only
+at its checks."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tokenpo.bench.previous_hf import previous_generate_hf, previous_sample_next
 from tokenpo.errors import ConfigError
-from tokenpo.models.logprobs import kv_cache, left_pad, position_ids_from_mask
 from tokenpo.rollout import SamplingParams, build_engine
 from tokenpo.rollout import hf
 from tokenpo.rollout.config import RolloutConfig, rollout_config_from_dict
@@ -18,61 +19,6 @@ from tokenpo.rollout.hf import generate_hf, inverse_cdf, sample_next, stop_check
 
 PAD = 0
 PROMPTS = [[5, 17, 33], [9, 41, 8, 60, 12, 71, 3], [88, 14, 27, 50, 6]]
-
-
-def reference_sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
-    """tokenpo.rollout.hf.sample_next before the two-level sampler: a float64 cumulative sum over the vocabulary."""
-    if params.temperature == 0:
-        return logits.argmax(-1)
-    logits = logits.float()
-    probs = torch.softmax(logits if params.temperature == 1 else logits / params.temperature, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    cdf = probs.double().cumsum(-1)
-    total = cdf[:, -1:]
-    uniform = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device)
-    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
-
-
-@torch.no_grad()
-def reference_generate(model, prompt_ids, params: SamplingParams, pad_id: int, generator: torch.Generator):
-    """tokenpo.rollout.hf._sample before the stop check on the device: a host check every token, random numbers
-    drawn for the running rows only. Token ids per row."""
-    ids, mask = left_pad(prompt_ids, pad_id)
-    cache = hf.DynamicCache()
-    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                **kv_cache(model, cache), use_cache=True, logits_to_keep=1)
-    logits = out.logits[:, -1]
-    cache.batch_repeat_interleave(params.num_samples)
-    logits = logits.repeat_interleave(params.num_samples, 0)
-    mask = mask.repeat_interleave(params.num_samples, 0)
-    rows = logits.shape[0]
-    stop = torch.tensor(params.stop_token_ids, dtype=torch.long)
-    tokens = torch.full((rows, params.max_new_tokens), pad_id, dtype=torch.long)
-    lengths = torch.zeros(rows, dtype=torch.long)
-    running = torch.arange(rows)
-    position = mask.sum(-1)
-    for step in range(params.max_new_tokens):
-        next_ids = reference_sample_next(logits, params, generator)
-        tokens[running, step] = next_ids
-        lengths[running] += 1
-        going = ~torch.isin(next_ids, stop)
-        if step + 1 == params.max_new_tokens or not bool(going.any()):
-            break
-        if not bool(going.all()):
-            keep = going.nonzero().squeeze(-1)
-            running, next_ids, mask, position = running[keep], next_ids[keep], mask[keep], position[keep]
-            cache.batch_select_indices(keep)
-        mask = torch.cat([mask, mask.new_ones(len(running), 1)], dim=1)
-        out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position[:, None],
-                    **kv_cache(model, cache), use_cache=True)
-        position = position + 1
-        logits = out.logits[:, -1]
-    return [row[:n] for row, n in zip(tokens.tolist(), lengths.tolist())]
 
 
 def random_logits(rows: int, vocab: int, seed: int) -> torch.Tensor:
@@ -92,7 +38,7 @@ def test_two_level_sampler_picks_what_one_float64_cumsum_picked(vocab, rows, tem
     for seed in range(3):
         logits = random_logits(rows, vocab, seed)
         picks.append(sample_next(logits, params, torch.Generator().manual_seed(seed)))
-        reference.append(reference_sample_next(logits, params, torch.Generator().manual_seed(seed)))
+        reference.append(previous_sample_next(logits, params, torch.Generator().manual_seed(seed)))
     picks, reference = torch.cat(picks), torch.cat(reference)
     assert torch.equal(picks, reference), (picks != reference).nonzero()
     # the rows drew many different tokens, most of them outside the first block
@@ -231,11 +177,11 @@ def test_tokens_equal_the_previous_engine_until_the_first_row_stops(model):
     for the running rows only): with no stop token the same tokens; with one, the same up to the first stop."""
     params = SamplingParams(3, 16, 1.0, 1.0, ())
     ours = generate_hf(model, PROMPTS, params, PAD, torch.Generator().manual_seed(9), check_every=16)
-    assert ours.token_ids == reference_generate(model, PROMPTS, params, PAD, torch.Generator().manual_seed(9))
+    assert ours.token_ids == previous_generate_hf(model, PROMPTS, params, PAD, torch.Generator().manual_seed(9)).token_ids
     stop = common_tokens(ours.token_ids, 1)
     params = SamplingParams(3, 16, 1.0, 1.0, stop)
     ours = generate_hf(model, PROMPTS, params, PAD, torch.Generator().manual_seed(9)).token_ids
-    before = reference_generate(model, PROMPTS, params, PAD, torch.Generator().manual_seed(9))
+    before = previous_generate_hf(model, PROMPTS, params, PAD, torch.Generator().manual_seed(9)).token_ids
     first_stop = min(map(len, before))
     assert first_stop < 16 and [row[:first_stop] for row in ours] == [row[:first_stop] for row in before]
     assert ours != before  # after it, the streams part (else the comparison above proves nothing new)

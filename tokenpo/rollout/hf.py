@@ -46,6 +46,11 @@ def sample_with_uniform(logits: torch.Tensor, params: SamplingParams, uniform: t
     when greedy) picks by inverse CDF: the first token whose cumulative probability exceeds u x total."""
     if params.temperature == 0:
         return logits.argmax(-1)
+    return inverse_cdf(sampling_probs(logits, params), uniform)
+
+
+def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution sampled from: softmax(logits / temperature) [R, V] in fp32, cut to the nucleus (top_p)."""
     logits = logits.float()
     probs = torch.softmax(logits if params.temperature == 1 else logits / params.temperature, dim=-1)
     if params.top_p < 1.0:
@@ -54,7 +59,7 @@ def sample_with_uniform(logits: torch.Tensor, params: SamplingParams, uniform: t
         drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    return inverse_cdf(probs, uniform)
+    return probs
 
 
 def _below(value: torch.Tensor) -> torch.Tensor:
@@ -149,10 +154,11 @@ def generate_hf(model, prompt_ids, params: SamplingParams, pad_id: int, generato
         return _sample(model, prompt_ids, params, pad_id, generator, check_every)
 
 
-def _sample(model, prompt_ids, params: SamplingParams, pad_id: int, generator: torch.Generator,
-            check_every: int | None = None) -> Responses:
-    device = next(model.parameters()).device
-    check_every = stop_check_every(check_every, device)
+def prefill(model, prompt_ids, params: SamplingParams, pad_id: int,
+            device: torch.device) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+    """The prompts' forward pass, each prompt once and its cache repeated for its G output rows (share_prefill), or
+    every output row its own: (the cache, the next-token logits [R, V] and the attention mask [R, L] per output
+    row, G rows per prompt in order)."""
     ids, mask = left_pad(prompt_ids, pad_id)
     ids, mask = ids.to(device), mask.to(device)
     samples_per_prompt = params.num_samples  # G
@@ -166,6 +172,14 @@ def _sample(model, prompt_ids, params: SamplingParams, pad_id: int, generator: t
         cache.batch_repeat_interleave(samples_per_prompt)
         logits = logits.repeat_interleave(samples_per_prompt, 0)
         mask = mask.repeat_interleave(samples_per_prompt, 0)
+    return cache, logits, mask
+
+
+def _sample(model, prompt_ids, params: SamplingParams, pad_id: int, generator: torch.Generator,
+            check_every: int | None = None) -> Responses:
+    device = next(model.parameters()).device
+    check_every = stop_check_every(check_every, device)
+    cache, logits, mask = prefill(model, prompt_ids, params, pad_id, device)
     rows = logits.shape[0]
     greedy = params.temperature == 0
     stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=device)
