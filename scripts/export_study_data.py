@@ -9,7 +9,8 @@ and the paired difference to the baseline over the same seeds [95 % interval], t
 
 Each row: the run's group (its overrides minus `seed`, as `tokenpo.compare` labels it), its seed, and the last
 logged value of each column's metric (held-out and transfer accuracy, entropy, KL, response length, generated
-tokens, clipped tokens, elapsed seconds); `--every-eval` writes one row per evaluated step instead (curves).
+tokens, clipped tokens, elapsed seconds, staleness, sampler KL, capped behaviour weights); `--every-eval` writes
+one row per evaluated step instead (curves).
 A metric a run never logged is left empty. The group means, stds and paired tests of `tokenpo.compare` follow
 from these rows (docs/data/README.md says which page uses which file).
 """
@@ -38,6 +39,10 @@ COLUMNS = {
     "clip_low_frac": "clip/low_frac",
     "clip_high_frac": "clip/high_frac",
     "elapsed_s": "time/elapsed_s",
+    # generation ahead of the update (rollout.async.*): mean staleness, sampler/trainer KL, behaviour-weight cap
+    "staleness": "async/staleness",
+    "sampler_kl": "mismatch/kl",
+    "tis_capped_frac": "tis/capped_frac",
 }
 EVAL_KEY = COLUMNS["held_out"]
 
