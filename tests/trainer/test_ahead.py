@@ -87,12 +87,13 @@ def test_generating_in_turn_keeps_the_synchronous_path(tmp_path):
 
 @pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
 def test_every_algorithm_trains_ahead_with_the_decoupled_correction(tmp_path, algorithm):
-    """k = 1 with AReaL's masked behaviour weight (tis_cap 5, mask); DAPO's dynamic sampling fills its short rounds
-    (the tiny model's rewards are all equal) from the further rounds it asks for."""
-    metrics = run(tmp_path, algorithm, f"algorithm={algorithm}", "trainer.max_steps=3", "rollout.async.max_staleness=1",
+    """k = 2 with AReaL's masked behaviour weight (tis_cap 5, mask): batches 0, 1 and 2 versions old, so every
+    staleness k = 1 or 2 can give the update (which depends on a batch's staleness, not on k); DAPO's dynamic
+    sampling fills its short rounds (the tiny model's rewards are all equal) from the further rounds it asks for."""
+    metrics = run(tmp_path, algorithm, f"algorithm={algorithm}", "trainer.max_steps=3", "rollout.async.max_staleness=2",
                   "algorithm.loss.tis_cap=5", "algorithm.loss.tis_mode=mask",
                   "algorithm.dynamic_sampling.on_exhausted=fill")
-    assert [metrics[step]["async/staleness"] for step in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    assert [metrics[step]["async/staleness"] for step in (1, 2, 3)] == [0.0, 1.0, 2.0]
     assert "tis/raw_weight_max" in metrics[3] and metrics[3]["tis/weight_mean"] > 0
 
 
