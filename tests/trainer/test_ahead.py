@@ -16,7 +16,8 @@ from support.env import cli_env
 from support.metrics import by_step, deterministic, read_metrics
 from support.runs import in_process_training, train_run
 from tokenpo.trainer import step as trainer_step
-from tokenpo.trainer.ahead import version_for
+from tokenpo.errors import ConfigError
+from tokenpo.trainer.ahead import generator_device, version_for
 
 pytestmark = pytest.mark.e2e
 
@@ -36,6 +37,12 @@ def run(tmp_path, name: str, *overrides: str) -> dict:
 def test_the_version_rule():
     assert [version_for(step, 1) for step in range(1, 6)] == [0, 0, 1, 2, 3]
     assert [version_for(step, 2) for step in range(1, 6)] == [0, 0, 0, 1, 2]
+
+
+def test_a_cuda_generator_device_is_refused_when_several_processes_would_share_it():
+    assert generator_device("cuda:1", 1) == "cuda:1" and generator_device("cpu", 4) == "cpu"
+    with pytest.raises(ConfigError, match=r"^rollout.async.generator_device=cuda:1: each of the 2 processes "):
+        generator_device("cuda:1", 2)
 
 
 @pytest.mark.parametrize("k", [1, 2])

@@ -91,8 +91,8 @@ class AsyncConfig:
         "Intra-op CPU threads of the generator process (0 = torch's default; on CPU give generation and training "
         "each the cores they would use in turn)", ge=0)
     generator_device: str = setting("cpu",
-        "Device of the generator process's model: cpu | cuda:<index> (on a GPU machine a device the trainer does not "
-        "use; not run on a GPU yet)", check=lambda value: value == "cpu" or str(value).startswith("cuda:"),
+        "Device of the generator process's model: cpu | cuda:<index> (one training process: a device it does not "
+        "use, or its own to share it; several: cpu only; not run on a GPU yet)", check=lambda value: value == "cpu" or str(value).startswith("cuda:"),
         requirement="cpu or cuda:<index>")
 
     def validate(self, engine: str) -> None:

@@ -18,6 +18,7 @@ import dataclasses
 from collections import defaultdict
 
 from tokenpo.data import Example
+from tokenpo.errors import ConfigError
 from tokenpo.rollout.ahead import AheadGenerator, GenerateRequest, Generated
 from tokenpo.rollout.engine import Responses
 from tokenpo.rollout.weight_stream import policy_weights
@@ -28,6 +29,16 @@ from tokenpo.trainer.timings import Timings
 def version_for(step: int, max_staleness: int) -> int:
     """The policy version that samples step `step`'s first round."""
     return max(0, step - 1 - max_staleness)
+
+
+def generator_device(device: str, world_size: int) -> str:
+    """rollout.async.generator_device for this process: one device names one generator, so a CUDA device is refused
+    when several processes would each put their generator on it (a device per process is not built yet)."""
+    if device != "cpu" and world_size > 1:
+        raise ConfigError(f"rollout.async.generator_device={device}: each of the {world_size} processes starts its "
+                          f"own generator, and they would share that one device; use cpu with several processes "
+                          f"(a device per process is not supported yet)")
+    return device
 
 
 class AheadSource:

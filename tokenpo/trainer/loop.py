@@ -26,7 +26,7 @@ from tokenpo.rewards import RewardScorer
 from tokenpo.rollout.engine import build_engine
 from tokenpo.rollout.ahead import AheadGenerator, WorkerSettings
 from tokenpo.rollout.weight_stream import policy_weights
-from tokenpo.trainer.ahead import AheadSource
+from tokenpo.trainer.ahead import AheadSource, generator_device
 from tokenpo.trainer.environment import record_environment
 from tokenpo.trainer.evals import AFTER, BEFORE, Evaluator, evaluate_benchmarks, load_benchmarks
 from tokenpo.trainer.health import HealthMonitor
@@ -155,7 +155,8 @@ def ahead_source(cfg: TrainConfig, source: RolloutSource, policy: Policy, sample
     # the base model: the trainer pushes merged weights under its names (LoRA folded in, as for vLLM)
     base = dataclasses.replace(cfg.model, lora=dataclasses.replace(cfg.model.lora, rank=0))
     settings = WorkerSettings(base, cfg.seed, pad_id, cfg.rollout.async_.generator_threads,
-                              cfg.rollout.hf_stop_check_every, cfg.rollout.async_.generator_device)
+                              cfg.rollout.hf_stop_check_every,
+                              generator_device(cfg.rollout.async_.generator_device, dist.world_size()))
     generator = AheadGenerator(settings, policy_weights(policy.module, zero3))
     sampling = cfg.algorithm.dynamic_sampling
     first_round = (alg.prompts_per_round(cfg.data.prompts_per_step, sampling.oversample, dist.world_size())
