@@ -11,7 +11,9 @@ from tokenpo.compare.significance import (
     holm_adjust,
     paired_by_seed,
     paired_t_test,
+    planned_seeds,
     result,
+    seeds_needed,
     significance_markdown,
     welch_t_test,
     write_significance_csv,
@@ -149,3 +151,37 @@ def test_markdown_and_csv_rows(tmp_path):
     assert rows["algorithm=one"]["p"] == "" and rows["algorithm=one"]["difference"] == "0.25"
     assert float(rows["algorithm=welch"]["df"]) == pytest.approx(4.8495960223741454319, abs=1e-9)
     assert rows["algorithm=paired"]["result"] == "significant: higher"
+
+
+def test_seeds_needed_matches_the_paired_t_test_power_tables():
+    # G*Power / Julious (2004): a paired t-test, two-sided 0.05, 80 % power: 10 pairs at effect 1 sd, 34 at 0.5 sd
+    assert seeds_needed(1.0, 1.0, 0.025) == 10 and seeds_needed(4.0, 1.0, 0.025) == 34
+    assert seeds_needed(0.01, 0.05, 0.025) == seeds_needed(1.0, 0.5, 0.025)  # only the ratio counts
+    # a huge effect still needs the t quantiles on few df: 3 pairs are not enough at 3 sd (t_{0.975, 2} = 4.30)
+    assert seeds_needed(1.0, 0.0, 0.025) is None and seeds_needed(1.0, 3.0, 0.025) == 4
+
+
+def test_undecided_rows_say_how_many_seeds_would_decide_them(tmp_path):
+    margin_groups = {"algorithm=base": runs("base", [0.25, 0.375, 0.125]),
+                     "algorithm=close": runs("close", [0.26, 0.37, 0.13]),
+                     "algorithm=paired": groups()["algorithm=paired"],
+                     "algorithm=welch": groups()["algorithm=welch"]}
+    rows = {row.group: row for row in compare_to_baseline(margin_groups, "algorithm=base", "eval/accuracy", "final",
+                                                          0.05)}
+    # equivalent already: nothing to plan; significant: no seeds to detect, and +0.062 is past the 0.05 margin (no
+    # count: "never" in the table)
+    assert planned_seeds(rows["algorithm=close"]) == (None, None)
+    assert planned_seeds(rows["algorithm=paired"]) == (None, None)
+    welch = rows["algorithm=welch"]
+    detect, fit = planned_seeds(welch)
+    # Welch: s_a^2 + s_b^2 = 0.0456 + 0.0156 (sample variances), difference 0.281, past the margin
+    assert detect == seeds_needed(welch.test.unit_variance, 0.28125, 0.025) and 4 <= detect <= 10 and fit is None
+    assert welch.test.unit_variance == pytest.approx(0.13671875 / 3 + 0.03125 / 2, abs=1e-12)
+    text = significance_markdown({"final": list(rows.values())}, "eval/accuracy", "algorithm=base")
+    assert f"| not significant, not shown within ±0.05 | {detect} to detect; never for ±0.05 |" in text
+    assert "| significant: higher | never for ±0.05 |" in text and "| equivalent within ±0.05 | — |" in text
+    write_significance_csv({"final": list(rows.values())}, "eval/accuracy", "algorithm=base", tmp_path / "s.csv")
+    with (tmp_path / "s.csv").open() as handle:
+        csv_rows = {row["group"]: row for row in csv.DictReader(handle)}
+    assert (csv_rows["algorithm=welch"]["seeds_to_detect"], csv_rows["algorithm=welch"]["seeds_for_margin"]) == (
+        str(detect), "")

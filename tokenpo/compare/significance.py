@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,9 @@ from tokenpo.compare.student_t import t_quantile, t_two_sided_p
 
 # family-wise error rate the Holm-adjusted p-values are held to
 ALPHA = 0.05
+# the power the seeds-needed column plans for, and where its search stops (a larger answer is "≥ this")
+POWER = 0.8
+MAX_PLANNED_SEEDS = 10_000
 # the override that pairs runs across groups: runs with the same seed draw the same prompts in the same order
 SEED_KEY = "seed"
 # what is compared of each run: the last logged value of the metric, or its best (max) one
@@ -33,6 +37,9 @@ class TTest:
     t: float
     df: float
     p: float  # two-sided
+    # variance of the difference with one seed (one pair's difference, or one run of each group): the spread the
+    # seeds-needed estimate plans with
+    unit_variance: float
 
 
 @dataclass(frozen=True)
@@ -47,13 +54,13 @@ class Comparison:
     margin: float | None = None  # equivalence margin named in advance (--margin), in the metric's units
 
 
-def t_test(name: str, difference: float, standard_error: float, df: float) -> TTest | None:
+def t_test(name: str, difference: float, standard_error: float, df: float, unit_variance: float) -> TTest | None:
     """The t statistic, two-sided p and 95 % interval of a difference; None without spread (t undefined)."""
     if standard_error == 0.0:
         return None
     half = t_quantile(CI_PROB, df) * standard_error
     t = difference / standard_error
-    return TTest(name, difference, difference - half, difference + half, t, df, t_two_sided_p(t, df))
+    return TTest(name, difference, difference - half, difference + half, t, df, t_two_sided_p(t, df), unit_variance)
 
 
 def welch_t_test(group, baseline) -> TTest | None:
@@ -63,14 +70,43 @@ def welch_t_test(group, baseline) -> TTest | None:
     if var_a + var_b == 0.0:
         return None
     df = (var_a + var_b) ** 2 / (var_a**2 / (a.size - 1) + var_b**2 / (b.size - 1))
-    return t_test(f"Welch (n={a.size} vs {b.size})", float(a.mean() - b.mean()), math.sqrt(var_a + var_b), df)
+    return t_test(f"Welch (n={a.size} vs {b.size})", float(a.mean() - b.mean()), math.sqrt(var_a + var_b), df,
+                  sample_std(a) ** 2 + sample_std(b) ** 2)
 
 
 def paired_t_test(group, baseline) -> TTest | None:
     """Paired t-test of the per-pair differences group[i] - baseline[i], n - 1 df."""
     differences = np.asarray(group, dtype=float) - np.asarray(baseline, dtype=float)
     n = differences.size
-    return t_test(f"paired (n={n})", float(differences.mean()), sample_std(differences) / math.sqrt(n), n - 1)
+    return t_test(f"paired (n={n})", float(differences.mean()), sample_std(differences) / math.sqrt(n), n - 1,
+                  sample_std(differences) ** 2)
+
+
+def seeds_needed(unit_variance: float, effect: float, one_sided_alpha: float) -> int | None:
+    """The fewest seeds (pairs, or runs per group) at which a t-test at one-sided level `one_sided_alpha` finds an
+    `effect` with about POWER, when one seed's difference has variance `unit_variance`: the least n >= 2 with
+    n >= (t_{1-alpha, n-1} + t_{POWER, n-1})^2 var / effect^2 (the usual planning formula, Julious 2004), searched
+    up from its normal approximation; None for no effect."""
+    if effect == 0.0:
+        return None
+    ratio = unit_variance / effect**2
+    normal = NormalDist()
+    n = max(2, math.ceil((normal.inv_cdf(1 - one_sided_alpha) + normal.inv_cdf(POWER)) ** 2 * ratio))
+    while n < MAX_PLANNED_SEEDS and (t_quantile(1 - one_sided_alpha, n - 1) + t_quantile(POWER, n - 1)) ** 2 * ratio > n:
+        n += 1
+    return n
+
+
+def seeds_to_detect(test: TTest) -> int | None:
+    """Seeds for the observed difference to be significant (two-sided ALPHA before Holm's correction) at POWER."""
+    return seeds_needed(test.unit_variance, test.difference, ALPHA / 2)
+
+
+def seeds_for_margin(test: TTest, margin: float) -> int | None:
+    """Seeds for the 95 % interval to fit inside ±margin at POWER if the true difference is the observed one (two
+    one-sided tests at 2.5 %); None when the observed difference is already at or past the margin."""
+    room = margin - abs(test.difference)
+    return seeds_needed(test.unit_variance, room, (1 - CI_PROB)) if room > 0 else None
 
 
 def holm_adjust(p_values: list[float]) -> list[float]:
@@ -138,13 +174,51 @@ def result(row: Comparison) -> str:
     "equivalent" only when the whole 95 % interval lies inside ±M (an interval wider than that shows neither)."""
     if row.test is None:
         return row.note
-    within = row.margin is not None and -row.margin <= row.test.ci_low and row.test.ci_high <= row.margin
+    within = inside_margin(row)
     if row.p_holm < ALPHA:
         verdict = "significant: higher" if row.test.difference > 0 else "significant: lower"
         return verdict + (f", within ±{row.margin:g}" if within else "")
     if row.margin is None:
         return "not significant"
     return f"equivalent within ±{row.margin:g}" if within else f"not significant, not shown within ±{row.margin:g}"
+
+
+def inside_margin(row: Comparison) -> bool:
+    """Whether the row's whole 95 % interval lies inside ±margin (False without a margin or a test)."""
+    return (row.margin is not None and row.test is not None
+            and -row.margin <= row.test.ci_low and row.test.ci_high <= row.margin)
+
+
+def undecided(row: Comparison) -> bool:
+    """A tested row neither significant nor shown equivalent."""
+    return row.p_holm >= ALPHA and not inside_margin(row)
+
+
+def planned_seeds(row: Comparison) -> tuple[int | None, int | None]:
+    """(seeds for the observed difference to be significant, seeds for the interval to fit the margin), each None
+    where the row needs no more (already significant or equivalent; inside the margin, or none) or no count exists."""
+    if row.test is None:
+        return None, None
+    detect = seeds_to_detect(row.test) if undecided(row) else None
+    fit = seeds_for_margin(row.test, row.margin) if row.margin is not None and not inside_margin(row) else None
+    return detect, fit
+
+
+def fmt_seeds(n: int) -> str:
+    return f"≥ {MAX_PLANNED_SEEDS}" if n >= MAX_PLANNED_SEEDS else str(n)
+
+
+def fmt_planned(row: Comparison) -> str:
+    """The seeds-needed cell: what more seeds at this spread would show, for a row its seeds left undecided."""
+    if row.test is None:
+        return "—"
+    detect, fit = planned_seeds(row)
+    parts = []
+    if undecided(row):
+        parts.append(f"{fmt_seeds(detect)} to detect" if detect else "no difference to detect")
+    if row.margin is not None and not inside_margin(row):
+        parts.append(f"{fmt_seeds(fit)} for ±{row.margin:g}" if fit else f"never for ±{row.margin:g}")
+    return "; ".join(parts) or "—"
 
 
 def fmt_p(p: float | None) -> str:
@@ -160,14 +234,16 @@ def fmt_difference(row: Comparison) -> str:
 
 def significance_markdown(tables: dict[str, list[Comparison]], metric: str, baseline: str) -> str:
     """A table per compared value (final, best) with a line on how to read them."""
-    header = ["group", "seeds (group vs baseline)", "test", "difference [95 % CI]", "p", "p (Holm)", "result"]
+    header = ["group", "seeds (group vs baseline)", "test", "difference [95 % CI]", "p", "p (Holm)", "result",
+              f"seeds for {POWER:.0%} power"]
     lines = []
     for which, rows in tables.items():
         lines += [f"**{which} {metric}, group − {baseline}**", "", "| " + " | ".join(header) + " |",
                   "|" + " --- |" * len(header)]
         lines += [
             f"| {row.group} | {row.n_group} vs {row.n_baseline} | {row.test.name if row.test else '—'} | "
-            f"{fmt_difference(row)} | {fmt_p(row.test and row.test.p)} | {fmt_p(row.p_holm)} | {result(row)} |"
+            f"{fmt_difference(row)} | {fmt_p(row.test and row.test.p)} | {fmt_p(row.p_holm)} | {result(row)} | "
+            f"{fmt_planned(row)} |"
             for row in rows
         ]
         lines.append("")
@@ -176,7 +252,10 @@ def significance_markdown(tables: dict[str, list[Comparison]], metric: str, base
         "when both groups ran the same seeds (same seed, same prompt order), else Welch's t-test (Welch–Satterthwaite "
         "df); two-sided p; 95 % Student-t interval of the difference. p (Holm): Holm-corrected over the tested rows "
         f"of that table; significant = p (Holm) < {ALPHA:g}. \"not significant\" with few seeds means the runs cannot "
-        "tell, not that the groups are equal."
+        "tell, not that the groups are equal. Seeds for 80 % power: at the observed spread and difference, the "
+        f"seeds (pairs, or runs per group) at which the difference would be significant (two-sided {ALPHA:g} "
+        "before Holm's correction) and, with a margin, at which its interval would fit inside it (\"never\": the "
+        "difference is at or past the margin); planning figures from 5 or so seeds, themselves uncertain."
     )
     margins = {row.margin for rows in tables.values() for row in rows if row.margin is not None}
     if margins:
@@ -188,7 +267,7 @@ def significance_markdown(tables: dict[str, list[Comparison]], metric: str, base
 def write_significance_csv(tables: dict[str, list[Comparison]], metric: str, baseline: str, path: Path) -> None:
     """Full-precision numbers, one row per (final/best, group); empty cells where no test ran."""
     columns = ["value", "metric", "group", "baseline", "n_group", "n_baseline", "test", "difference",
-               "ci95_low", "ci95_high", "t", "df", "p", "p_holm", "result"]
+               "ci95_low", "ci95_high", "t", "df", "p", "p_holm", "result", "seeds_to_detect", "seeds_for_margin"]
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(columns)
@@ -197,4 +276,6 @@ def write_significance_csv(tables: dict[str, list[Comparison]], metric: str, bas
                 test = row.test
                 stats = [test.name, row.difference, test.ci_low, test.ci_high, test.t, test.df, test.p, row.p_holm] \
                     if test else ["", "" if row.difference is None else row.difference, *[""] * 6]
-                writer.writerow([which, metric, row.group, baseline, row.n_group, row.n_baseline, *stats, result(row)])
+                planned = ["" if n is None else n for n in planned_seeds(row)]
+                writer.writerow([which, metric, row.group, baseline, row.n_group, row.n_baseline, *stats, result(row),
+                                 *planned])
