@@ -138,3 +138,5 @@ def test_without_the_decoupled_objective_the_samplers_log_probs_are_the_old_poli
     assert decoupled[3]["kl/old"] < 1e-9 and plain[3]["kl/old"] > 1e-4
     assert "timing/old_logprob_s" not in decoupled[3] and "timing/old_logprob_s" not in plain[3]
     assert decoupled[3]["mismatch/kl"] > 1e-4  # the behaviour weight compares the sampler with the proximal policy
+    # without it the sampler is the old policy: no sampler/trainer KL to log (it would be 0 by construction)
+    assert "mismatch/kl" not in plain[3] and "tis/weight_mean" not in plain[3]

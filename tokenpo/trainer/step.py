@@ -230,8 +230,9 @@ def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, tim
                     run.algorithm, prepared, rows, mini_batch, out.logp, out.entropy,
                     old_logp=padded(old_logp) if old_logp is not None else None,
                     ref_logp=padded(ref_logp) if ref_logp is not None else None,
+                    # none when the sampler's log-probs are the old policy's: no behaviour term, nothing to compare
                     sampler_logp=(padded({i: torch.tensor(rollouts.sampler_logprobs[i]) for i in rows})
-                                  if rollouts.sampler_logprobs else None))
+                                  if rollouts.sampler_logprobs and not run.behaviour_is_old else None))
                 policy.backward(loss)  # this rank's share of the global mean
                 loss_total += float(loss.detach())
                 real, entropy = tokens.response_mask, out.entropy.detach()  # [b, t]
