@@ -235,7 +235,7 @@ def fmt_difference(row: Comparison) -> str:
 def significance_markdown(tables: dict[str, list[Comparison]], metric: str, baseline: str) -> str:
     """A table per compared value (final, best) with a line on how to read them."""
     header = ["group", "seeds (group vs baseline)", "test", "difference [95 % CI]", "p", "p (Holm)", "result",
-              f"seeds for {POWER:.0%} power"]
+              f"seeds for {round(POWER * 100)} % power"]
     lines = []
     for which, rows in tables.items():
         lines += [f"**{which} {metric}, group − {baseline}**", "", "| " + " | ".join(header) + " |",
