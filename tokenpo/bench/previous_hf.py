@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from tokenpo.models.logprobs import kv_cache
 from tokenpo.models.modes import no_dropout
 from tokenpo.rollout.engine import Responses, SamplingParams
-from tokenpo.rollout.hf import prefill, sampling_probs
+from tokenpo.rollout.hf import decode_step, prefill, sampling_probs
 
 
 def previous_sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
@@ -47,11 +46,7 @@ def previous_generate_hf(model, prompt_ids, params: SamplingParams, pad_id: int,
                 keep = going.nonzero().squeeze(-1)
                 running, next_ids, mask, position = running[keep], next_ids[keep], mask[keep], position[keep]
                 cache.batch_select_indices(keep)
-            mask = torch.cat([mask, mask.new_ones(len(running), 1)], dim=1)
-            out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position[:, None],
-                        **kv_cache(model, cache), use_cache=True)
-            position = position + 1
-            logits = out.logits[:, -1]
+            logits, mask, position = decode_step(model, cache, next_ids, mask, position)
         stopped = torch.isin(tokens.gather(1, (lengths - 1)[:, None]).squeeze(1), stop).tolist()
         return Responses(token_ids=[row[:n] for row, n in zip(tokens.tolist(), lengths.tolist())],
                          truncated=[not s for s in stopped])

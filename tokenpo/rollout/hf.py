@@ -175,6 +175,16 @@ def prefill(model, prompt_ids, params: SamplingParams, pad_id: int,
     return cache, logits, mask
 
 
+def decode_step(model, cache: DynamicCache, next_ids: torch.Tensor, mask: torch.Tensor,
+                position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One token per row through the model with its cache: (the next logits [R, V], the mask and the positions one
+    longer)."""
+    mask = torch.cat([mask, mask.new_ones(len(next_ids), 1)], dim=1)
+    out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position[:, None],
+                **kv_cache(model, cache), use_cache=True)
+    return out.logits[:, -1], mask, position + 1
+
+
 def _sample(model, prompt_ids, params: SamplingParams, pad_id: int, generator: torch.Generator,
             check_every: int | None = None) -> Responses:
     device = next(model.parameters()).device
@@ -214,11 +224,7 @@ def _sample(model, prompt_ids, params: SamplingParams, pad_id: int, generator: t
                 running, next_ids, mask, position, going = (
                     running[keep], next_ids[keep], mask[keep], position[keep], going[keep])
                 cache.batch_select_indices(keep)
-        mask = torch.cat([mask, mask.new_ones(len(running), 1)], dim=1)
-        out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position[:, None],
-                    **kv_cache(model, cache), use_cache=True)
-        position = position + 1
-        logits = out.logits[:, -1]
+        logits, mask, position = decode_step(model, cache, next_ids, mask, position)
     # a row stopped iff its last token is a stop token; the others hit max_new_tokens
     stopped = torch.isin(tokens.gather(1, (lengths - 1)[:, None]).squeeze(1), stop).tolist()
     counts = lengths.tolist()
