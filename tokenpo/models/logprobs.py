@@ -9,14 +9,12 @@ Three savings over pushing every (prompt + response) row through the whole model
 - the output layer, log-softmax and entropy run only on real response positions, `chunk_tokens` rows at
   a time, so a full-vocabulary fp32 tensor is never materialised for the whole batch.
 
-`packed=True` (trainer.pack_sequences) instead concatenates the rows, each its prompt and response, into one sequence
-with restarting position ids: no padding at all, and the attention stays inside each row (transformers builds the
-block-diagonal mask for sdpa and eager from the position ids, and flash-attention's varlen path reads them); each row
-carries its own prompt, so the prompt is not shared by a group's rows.
-
-With `sdpa` attention the packed pass attends row by row (`segment_attention`, registered with transformers'
-AttentionInterface as `sdpa`): never an [S, S] mask over the whole pass, which SDPA would also convert to the training
-dtype in every layer.
+`packed=True` (trainer.pack_sequences) instead concatenates the micro-batch into one sequence, no padding at all.
+Under `sdpa` each prompt runs once, followed by its rows' responses, each attending to its prompt and to itself
+(`segment_attention`, registered with transformers' AttentionInterface as `sdpa`: never an [S, S] mask over the whole
+pass, which SDPA would also convert to the training dtype in every layer). Under eager or flash-attention each row
+carries its own prompt, positions restarting per row, and the attention stays inside each row (transformers'
+block-diagonal mask from the position ids for eager, flash-attention's varlen path).
 
 `single_call=True` runs the decoder exactly once per pass whatever the lengths (each row's prompt repeated for it,
 padded to the longest row; or packed): under ZeRO-3 on several processes every decoder call gathers each layer's
@@ -124,7 +122,7 @@ def segment_attention(module, query, key, value, attention_mask, dropout: float 
     return torch.cat(parts, 2).transpose(1, 2).contiguous(), None
 
 
-# registered as `sdpa` itself: the same function without `segment_lengths`, so no model config changes (a checkpointed
+# registered as `sdpa` itself: the same function without `packed_groups`, so no model config changes (a checkpointed
 # layer recomputes with the keyword arguments of its forward, and every other caller is unaffected)
 AttentionInterface.register("sdpa", segment_attention)
 

@@ -50,7 +50,6 @@ class StepSettings:
     seed: int = 0  # the run's seed: with the step it seeds a token selection's random draws
     micro_batch_tokens: int | None = None  # prompt + response tokens per pass (None: by micro_batch_size)
     balance_ranks: str = "tokens"  # how groups go to ranks: tokens | round_robin
-    off_policy: bool = False  # rollouts sampled ahead of the update (rollout.async.max_staleness >= 1)
     behaviour_is_old: bool = False  # ahead, not decoupled: the sampler's log-probs are the old policy's
     pack_sequences: bool = False  # passes without padding: a token budget counts the rows' own tokens
 
@@ -58,7 +57,7 @@ class StepSettings:
     def from_config(cls, cfg: TrainConfig, pad_token_id: int) -> StepSettings:
         return cls(cfg.algorithm, cfg.reward_for(cfg.data), cfg.data.prompts_per_step, cfg.rollout.max_new_tokens,
                    cfg.trainer.micro_batch_size, cfg.trainer.mini_batches, pad_token_id, cfg.seed,
-                   cfg.trainer.micro_batch_tokens, cfg.trainer.balance_ranks, cfg.rollout.async_.max_staleness > 0,
+                   cfg.trainer.micro_batch_tokens, cfg.trainer.balance_ranks,
                    cfg.rollout.async_.max_staleness > 0 and not cfg.rollout.async_.decoupled,
                    cfg.trainer.pack_sequences)
 
