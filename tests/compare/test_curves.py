@@ -15,6 +15,7 @@ from tokenpo.compare.curves import (
     compute_to_target,
     fit_run,
     fit_saturating_curve,
+    fmt_search,
     half_gain_fraction,
     residuals_and_jacobian,
     saturating_curve,
@@ -111,6 +112,17 @@ def test_too_few_points_non_rates_and_bounds_are_unfit():
     assert fit_saturating_curve(COMPUTE, 0.2 + 0.7 * share**3, 0.2).reason.startswith("A = 1.436 above 1")
     # already at its plateau at the first point: B ends on its bound
     assert fit_saturating_curve(COMPUTE, np.full(COMPUTE.size, 0.6), 0.2).reason.startswith("B = 0.05 at its bound")
+
+
+def test_a_search_that_never_converges_names_the_bound_it_crawls_along():
+    # a dip below R0 and then a step (a study run: held-out 0.345 at step 0, then 0.12, 0.585, 0.575, 0.47): every
+    # start drives B to its upper bound and then crawls in C_mid between the two points around the step
+    compute = np.array([1954.0, 3948.0, 5874.0, 7959.0])
+    fit = fit_saturating_curve(compute, np.array([0.12, 0.585, 0.575, 0.47]), 0.345)
+    assert fit.params is None and fit.converged_starts == 0 and fit.starts == 20
+    assert fit.reason == "optimiser did not converge from any of 20 starts (the best ends with B = 50 at its bound " \
+        "[0.05, 50])"
+    assert fmt_search(fit) == "0/20 starts converged"
 
 
 def test_a_run_without_an_evaluation_at_compute_0_has_no_r0():

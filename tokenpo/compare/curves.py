@@ -172,7 +172,12 @@ def fit_saturating_curve(compute, values, r0: float, fit_from: float = 0.0) -> C
             minima.append(levenberg_marquardt(np.array([gain, math.log(b), log_c_mid]), compute, gains, lower, upper))
     converged = [minimum for minimum in minima if minimum.converged]
     if not converged:
-        return unfit(f"optimiser did not converge from any of {len(minima)} starts", n, starts=len(minima))
+        # a search that runs out of iterations is mostly one crawling along a bound (a step between two points
+        # drives B to its upper bound, C_mid then free between them): name the bound the best start reached
+        closest = min(minima, key=lambda minimum: minimum.sse)
+        bound = parameter_on_bound(closest.theta, lower, upper)
+        return unfit(f"optimiser did not converge from any of {len(minima)} starts"
+                     + (f" (the best ends with {bound})" if bound else ""), n, starts=len(minima))
     best = min(converged, key=lambda minimum: minimum.sse)
     search = dict(rmse=math.sqrt(best.sse / n), converged_starts=len(converged), starts=len(minima),
                   iterations=best.iterations)
@@ -185,11 +190,19 @@ def fit_saturating_curve(compute, values, r0: float, fit_from: float = 0.0) -> C
                      f"p = {p_flat:.2g})", n, **search)
     if r0 + gain > RATE_MAX:
         return unfit(f"A = {r0 + gain:.3f} above {RATE_MAX:g}: the points show no saturation", n, **search)
-    for name, index in (("B", 1), ("C_mid", 2)):
-        if min(abs(best.theta[index] - lower[index]), abs(best.theta[index] - upper[index])) < ON_BOUND:
-            return unfit(f"{name} = {math.exp(best.theta[index]):.4g} at its bound "
-                         f"[{math.exp(lower[index]):.4g}, {math.exp(upper[index]):.4g}]", n, **search)
+    bound = parameter_on_bound(best.theta, lower, upper)
+    if bound:
+        return unfit(bound, n, **search)
     return CurveFit(CurveParams(r0, float(r0 + gain), math.exp(log_b), math.exp(log_c_mid)), "", n, **search)
+
+
+def parameter_on_bound(theta: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> str | None:
+    """'<name> = <value> at its bound [low, high]' for the first of B, C_mid within ON_BOUND of a bound, else None."""
+    for name, index in (("B", 1), ("C_mid", 2)):
+        if min(abs(theta[index] - lower[index]), abs(theta[index] - upper[index])) < ON_BOUND:
+            return (f"{name} = {math.exp(theta[index]):.4g} at its bound "
+                    f"[{math.exp(lower[index]):.4g}, {math.exp(upper[index]):.4g}]")
+    return None
 
 
 def no_gain_p(sse_flat: float, sse: float, n: int) -> float:
@@ -357,6 +370,8 @@ def fmt_reach(reach: TargetReach | None) -> str:
 def fmt_search(fit: CurveFit) -> str:
     if not fit.starts:
         return "not run"
+    if not fit.converged_starts:
+        return f"0/{fit.starts} starts converged"
     return f"{fit.converged_starts}/{fit.starts} starts converged, best in {fit.iterations} iterations"
 
 
