@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tokenpo.compare import main
+from tokenpo.compare.curve_report import fmt_search
 from tokenpo.compare.curves import (
     CMidRatio,
     CurveParams,
@@ -15,7 +16,6 @@ from tokenpo.compare.curves import (
     compute_to_target,
     fit_run,
     fit_saturating_curve,
-    fmt_search,
     half_gain_fraction,
     residuals_and_jacobian,
     saturating_curve,

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tokenpo.compare.curves import compare_curves
+from tokenpo.compare.curve_report import compare_curves
 from tokenpo.compare.plots import EVAL_KEY, FIGURES, TIME_KEY, TOKENS_KEY, X_KEYS, plot_all
 from tokenpo.compare.runs import (
     discover_run_dirs, environment_lines, find_group, group_runs, load_run, missing_metric_notes,
@@ -60,7 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--fit-curves", action="store_true",
         help="also fit ScaleRL's saturating curve R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) (arXiv 2510.13786, "
         "Eq. 1) to each run's --fit-metric against --compute, with per-group t-intervals over seeds, the C_mid ratio "
-        "to --baseline and the compute to --target (curves.md, curves.csv, curve_fits.csv, curves_vs_<compute>.png)",
+        "to --baseline and the compute to --target, and one curve per group pooled over its seeds with seed-resampling "
+        "intervals (curves.md, curves.csv, curve_fits.csv, curves_pooled.csv, curves_vs_<compute>.png)",
     )
     parser.add_argument(
         "--compute", choices=sorted(X_KEYS),

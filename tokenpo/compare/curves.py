@@ -14,19 +14,14 @@ numpy only (no scipy): Levenberg–Marquardt on (A − R0, log B, log C_mid) fro
 
 from __future__ import annotations
 
-import csv
-import dataclasses
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-from matplotlib.figure import Figure
 
-from tokenpo.compare.plots import X_AXES, X_KEYS, axis_label, draw_group, group_colours
 from tokenpo.compare.runs import Run
 from tokenpo.compare.significance import SEED_KEY, baseline_test
-from tokenpo.compare.stats import first_reaching, mean_and_ci95, reduce_band, series
+from tokenpo.compare.stats import first_reaching, mean_and_ci95, series
 from tokenpo.compare.student_t import regularized_incomplete_beta
 
 # the fitted metrics are rates (accuracy, pass@k, mean@n): the asymptote cannot pass 1
@@ -44,8 +39,6 @@ MAX_ITERATIONS = 500
 RELATIVE_TOLERANCE = 1e-12
 # Marquardt's damping: start, factor per rejected (accepted) step, and the value past which no step lowers the error
 DAMPING_START, DAMPING_FACTOR, DAMPING_MAX = 1e-3, 10.0, 1e12
-# points on the log-compute grid the fitted curves are drawn at
-CURVE_POINTS = 100
 # a fit whose F-test against no gain (R = R0 everywhere) has p at or above this is flat
 FLAT_ALPHA = 0.05
 # a log-parameter this close to its bound counts as on it
@@ -157,12 +150,19 @@ def fit_saturating_curve(compute, values, r0: float, fit_from: float = 0.0) -> C
     compute, values = np.asarray(compute, dtype=float), np.asarray(values, dtype=float)
     keep = compute > max(0.0, fit_from)
     compute, values = compute[keep], values[keep]
+    if not (0.0 <= r0 <= RATE_MAX and np.all((values >= 0.0) & (values <= RATE_MAX))):
+        return unfit(f"values outside [0, {RATE_MAX:g}]: not a rate", compute.size)
+    return fit_gain_curve(compute, values - r0, r0)
+
+
+def fit_gain_curve(compute: np.ndarray, gains: np.ndarray, r0: float) -> CurveFit:
+    """Eq. 1 in gain form, gains = R(C) − R0 at compute > 0, for one run (R0 its own) or pooled over runs (each
+    point's gain over its own run's R0, r0 the runs' mean): the search from every start and the checks of
+    fit_saturating_curve."""
     n = compute.size
     if n < N_PARAMS + 1:
         return unfit(f"too few points: {n} after compute 0 (need {N_PARAMS + 1}: A, B, C_mid and one more)", n)
-    if not (0.0 <= r0 <= RATE_MAX and np.all((values >= 0.0) & (values <= RATE_MAX))):
-        return unfit(f"values outside [0, {RATE_MAX:g}]: not a rate", n)
-    gains, log_c = values - r0, np.log(compute)
+    log_c = np.log(compute)
     lower = np.array([-np.inf, math.log(B_BOUNDS[0]), log_c.min() - math.log(C_MID_BEYOND)])
     upper = np.array([np.inf, math.log(B_BOUNDS[1]), log_c.max() + math.log(C_MID_BEYOND)])
     minima = []
@@ -339,179 +339,3 @@ def fit_groups(groups: dict[str, list[Run]], metric: str, compute_key: str, fit_
             log_t_interval([p.c_mid for p in fitted]), ratio, reach,
         ))
     return rows
-
-
-def fmt_interval(interval: Interval | None, digits: str) -> str:
-    if interval is None:
-        return "—"
-    shown = f"{interval.mean:{digits}}"
-    return shown + (" [n/a: 1 fit]" if interval.low is None else f" [{interval.low:{digits}}, {interval.high:{digits}}]")
-
-
-def fmt_ratio(ratio: CMidRatio | None) -> str:
-    if ratio is None:
-        return "—"
-    if ratio.ratio is None:
-        return ratio.test
-    interval = f" [{ratio.low:.2f}, {ratio.high:.2f}]" if ratio.low is not None else ""
-    return f"{ratio.ratio:.2f}{interval} ({ratio.test})"
-
-
-def fmt_reach(reach: TargetReach | None) -> str:
-    if reach is None:
-        return "—"
-    shown = f"{reach.n_reached}/{reach.n_runs} reached"
-    if reach.n_reached:
-        shown += f"; {fmt_interval(reach.compute, '.4g')}, median {reach.median:.4g}"
-    never = reach.n_runs - reach.n_reached
-    return shown + (f"; {never} never" if never else "")
-
-
-def fmt_search(fit: CurveFit) -> str:
-    if not fit.starts:
-        return "not run"
-    if not fit.converged_starts:
-        return f"0/{fit.starts} starts converged"
-    return f"{fit.converged_starts}/{fit.starts} starts converged, best in {fit.iterations} iterations"
-
-
-def curves_markdown(tables: list[list[GroupCurves]], compute_axis: str, baseline: str | None, target_metric: str,
-                    target: float, fit_from: float) -> str:
-    """A group table per metric (A, B, C_mid over seeds, C_mid ratio, compute to target), then every run's fit."""
-    unit = X_AXES[compute_axis]
-    vs = f"vs {baseline}" if baseline else "vs baseline"
-    lines = []
-    for rows in tables:
-        metric = rows[0].metric
-        header = ["group", "fitted", "A [95 % CI]", "B [95 % CI]", f"C_mid ({unit}) [95 % CI]",
-                  f"C_mid ratio {vs} [95 % CI]", "speed", f"{unit} to {metric} ≥ {target:g} [95 % CI]"]
-        lines += [f"**{metric} against {unit}**", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-        lines += [
-            f"| {row.group} | {len(row.fitted)}/{len(row.runs)} | {fmt_interval(row.asymptote, '.3f')} | "
-            f"{fmt_interval(row.efficiency, '.2f')} | {fmt_interval(row.c_mid, '.4g')} | {fmt_ratio(row.ratio)} | "
-            f"{speed_verdict(row.ratio) if baseline else '—'} | {fmt_reach(row.target)} |"
-            for row in rows
-        ]
-        lines += ["", "| run | group | seed | points | A | B | C_mid | RMSE | fit |", "|" + " --- |" * 9]
-        for row in rows:
-            for curve in row.runs:
-                p, fit = curve.fit.params, curve.fit
-                values = [f"{p.a:.3f}", f"{p.b:.2f}", f"{p.c_mid:.4g}"] if p else ["—"] * 3
-                state = f"fitted ({fmt_search(fit)})" if p else f"unfit: {fit.reason} ({fmt_search(fit)})"
-                rmse = "—" if fit.rmse is None else f"{fit.rmse:.3g}"
-                lines.append(f"| {curve.run} | {row.group} | {curve.seed or '—'} | {fit.n_points} | "
-                             + " | ".join(values) + f" | {rmse} | {state} |")
-        lines.append("")
-    window = f"points with {unit} > {fit_from:g}" if fit_from > 0 else "every point after compute 0"
-    lines.append(
-        "Fit: R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B), ScaleRL (arXiv 2510.13786, Eq. 1), per run, R0 = the "
-        f"run's evaluation at compute 0, fitted to {window} by Levenberg–Marquardt (numpy) from "
-        f"{len(START_B) * START_C_MID_POINTS} starts. A, B: mean over the group's fitted seeds [95 % Student-t "
-        "interval of the mean]; C_mid: geometric mean [exponentiated t-interval of the mean log]. C_mid ratio: "
-        "exp of the mean difference of log C_mid against the baseline, 95 % t-interval paired on seeds when both "
-        "fitted the same seeds, else Welch; \"k× faster\" (slower) only when that interval excludes 1. C_mid is the "
-        "compute to half of a run's own gain: read it next to A. A run is unfit (listed with its reason, never "
-        f"dropped silently) with fewer than {N_PARAMS + 1} points, no converged start, no gain or a gain the "
-        f"F-test against R = R0 cannot tell from 0 (p ≥ {FLAT_ALPHA:g}), or A, B or C_mid on its bound (A ≤ {RATE_MAX:g}, B in [{B_BOUNDS[0]:g}, "
-        f"{B_BOUNDS[1]:g}], C_mid within {C_MID_BEYOND:g}× beyond the measured compute). Compute to target "
-        f"({target_metric}): the first measured point at or above it; mean [95 % t-interval] and median over the "
-        "runs that reached it, the others counted as never."
-    )
-    return "\n".join(lines) + "\n"
-
-
-def write_curves_csv(tables: list[list[GroupCurves]], path: Path) -> None:
-    """One row per (metric, group); full precision, empty cells where a value does not exist."""
-    columns = ["metric", "group", "n_runs", "n_fitted", "a_mean", "a_ci95_low", "a_ci95_high", "b_mean",
-               "b_ci95_low", "b_ci95_high", "c_mid_geomean", "c_mid_ci95_low", "c_mid_ci95_high", "c_mid_ratio",
-               "c_mid_ratio_ci95_low", "c_mid_ratio_ci95_high", "ratio_test", "speed", "target_n_runs",
-               "target_n_reached", "compute_to_target_mean", "compute_to_target_ci95_low",
-               "compute_to_target_ci95_high", "compute_to_target_median"]
-
-    def cells(interval):
-        return ["", "", ""] if interval is None else [interval.mean, interval.low, interval.high]
-
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(columns)
-        for rows in tables:
-            for row in rows:
-                ratio, reach = row.ratio, row.target
-                values = [row.metric, row.group, len(row.runs), len(row.fitted), *cells(row.asymptote),
-                          *cells(row.efficiency), *cells(row.c_mid),
-                          *(["", "", "", ""] if ratio is None else [ratio.ratio, ratio.low, ratio.high, ratio.test]),
-                          "" if ratio is None else speed_verdict(ratio),
-                          *(["", ""] if reach is None else [reach.n_runs, reach.n_reached]),
-                          *cells(None if reach is None else reach.compute), "" if reach is None else reach.median]
-                writer.writerow(["" if value is None else value for value in values])
-
-
-def write_fits_csv(tables: list[list[GroupCurves]], path: Path) -> None:
-    """One row per (metric, run): its parameters or why it is unfit, and how the search went."""
-    columns = ["metric", "group", "run", "seed", "n_points", "r0", "a", "b", "c_mid", "rmse", "converged_starts",
-               "starts", "iterations", "unfit_reason"]
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(columns)
-        for rows in tables:
-            for row in rows:
-                for curve in row.runs:
-                    fit = curve.fit
-                    params = dataclasses.astuple(fit.params) if fit.params else ("",) * 4
-                    writer.writerow([row.metric, row.group, curve.run, curve.seed or "", fit.n_points, *params,
-                                     "" if fit.rmse is None else fit.rmse, fit.converged_starts, fit.starts,
-                                     fit.iterations, fit.reason])
-
-
-def plot_curves(tables: list[list[GroupCurves]], compute_axis: str, band: str, path: Path) -> bool:
-    """One panel per metric: every run's measured points, and per group the mean of its seeds' fitted curves with
-    the --band over them, on a log compute axis (the points at compute 0, R0, are left off it). False (nothing
-    written) when no run was fitted."""
-    labels = [row.group for rows in tables for row in rows]
-    colours = group_colours(labels)
-    figure = Figure(figsize=(5.5 * len(tables) + 3, 4.2), layout="constrained")
-    legend: dict[str, object] = {}
-    for axes, rows in zip(figure.subplots(1, len(tables), squeeze=False)[0], tables):
-        for row in rows:
-            colour = colours[row.group]
-            for curve in row.runs:
-                shown = curve.compute > 0
-                axes.scatter(curve.compute[shown], curve.values[shown], s=9, color=colour, alpha=0.45, linewidths=0)
-            if not row.fitted:
-                continue
-            measured = np.concatenate([curve.compute[curve.compute > 0] for curve in row.runs])
-            grid = np.geomspace(measured.min(), measured.max(), CURVE_POINTS)
-            mean, low, high = reduce_band(np.stack([saturating_curve(grid, p) for p in row.fitted]), band)
-            line = draw_group(axes, grid, mean, low, high, colour, alpha=0.2 if len(rows) <= 3 else 0.1)
-            legend.setdefault(f"{row.group} ({len(row.fitted)}/{len(row.runs)} fitted)", line)
-        axes.set(xscale="log", xlabel=X_AXES[compute_axis], ylabel=axis_label(rows[0].metric))
-        if len(tables) > 1:
-            axes.set_title(rows[0].metric)
-        axes.grid(True, alpha=0.3)
-    if not legend:
-        return False
-    figure.suptitle(f"Fitted saturating curves (ScaleRL Eq. 1) vs {X_AXES[compute_axis]}", x=0.01, ha="left")
-    entries = sorted(legend)
-    figure.legend([legend[entry] for entry in entries], entries, loc="outside right upper",
-                  title=f"group (band: {band} over seeds' fits)")
-    figure.savefig(path, dpi=110)
-    return True
-
-
-def compare_curves(groups: dict[str, list[Run]], metrics: list[str], compute_axis: str, fit_from: float,
-                   baseline: str | None, target_metric: str, target: float, band: str, out_dir: Path,
-                   figures: bool) -> tuple[str, list[Path]]:
-    """Fit, write curves.md, curves.csv, curve_fits.csv and (with figures) curves_vs_<axis>.png; returns the
-    markdown and the files written."""
-    compute_key = X_KEYS[compute_axis]
-    tables = [fit_groups(groups, metric, compute_key, fit_from, baseline, target if metric == target_metric else None)
-              for metric in metrics]
-    markdown = curves_markdown(tables, compute_axis, baseline, target_metric, target, fit_from)
-    written = [out_dir / "curves.md", out_dir / "curves.csv", out_dir / "curve_fits.csv"]
-    written[0].write_text(markdown)
-    write_curves_csv(tables, written[1])
-    write_fits_csv(tables, written[2])
-    figure = out_dir / f"curves_vs_{compute_axis}.png"
-    if figures and plot_curves(tables, compute_axis, band, figure):
-        written.append(figure)
-    return markdown, written
