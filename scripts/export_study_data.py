@@ -9,7 +9,8 @@ and the paired difference to the baseline over the same seeds [95 % interval], t
 
 Each row: the run's group (its overrides minus `seed`, as `tokenpo.compare` labels it), its seed, and the last
 logged value of each column's metric (held-out and transfer accuracy, entropy, KL, response length, generated
-tokens, clipped tokens, elapsed seconds, staleness, sampler KL, capped behaviour weights); `--every-eval` writes
+tokens, clipped tokens, elapsed seconds, staleness, sampler KL, capped behaviour weights, the entropy methods'
+selected/kept/clipped fractions, covariance mean, gate and coefficient); `--every-eval` writes
 one row per evaluated step instead (curves).
 A metric a run never logged is left empty. The group means, stds and paired tests of `tokenpo.compare` follow
 from these rows (docs/data/README.md says which page uses which file).
@@ -43,6 +44,18 @@ COLUMNS = {
     "staleness": "async/staleness",
     "sampler_kl": "mismatch/kl",
     "tis_capped_frac": "tis/capped_frac",
+    # what the entropy methods' papers plot (docs/algorithms.md): tokens selected, kept or clipped, the covariance
+    # mean, the soft gate, the adaptive coefficient, TEPO's mask
+    "cov_mean": "cov/mean",
+    "clip_cov_selected_frac": "clip_cov/selected_frac",
+    "kl_cov_selected_frac": "kl_cov/selected_frac",
+    "entropy_top_kept_frac": "entropy_top/kept_frac",
+    "cispo_clipped_frac": "cispo/clipped_frac",
+    "gmpo_clip_low_frac": "gmpo/clip_low_frac",
+    "gmpo_clip_high_frac": "gmpo/clip_high_frac",
+    "sapo_gate_mean": "sapo/gate_mean",
+    "entropy_coef": "entropy/coef",
+    "tepo_mask_frac": "tepo/mask_frac",
 }
 EVAL_KEY = COLUMNS["held_out"]
 
