@@ -143,14 +143,29 @@ def unfit(reason: str, n_points: int, **search) -> CurveFit:
     return CurveFit(None, reason, n_points, **search)
 
 
+def fit_window(compute: np.ndarray, fit_from: float) -> np.ndarray:
+    """The points a fit uses: compute > max(0, fit_from) (compute 0 is R0's point, never fitted)."""
+    return compute > max(0.0, fit_from)
+
+
+def is_rate(values: np.ndarray) -> bool:
+    return bool(np.all((values >= 0.0) & (values <= RATE_MAX)))
+
+
+def start_value(compute: np.ndarray, values: np.ndarray) -> float | None:
+    """R0: the run's (last) evaluation at compute 0, None when it has none."""
+    at_start = values[compute == 0.0]
+    return float(at_start[-1]) if at_start.size else None
+
+
 def fit_saturating_curve(compute, values, r0: float, fit_from: float = 0.0) -> CurveFit:
     """Eq. 1 fitted to the points with compute > max(0, fit_from), R0 fixed. Unfit (with its reason) for too few
     points, values outside [0, 1], no converged start, no gain or a gain not distinguishable from 0 (flat), or a
     parameter that ends on its bound (A above 1, B or C_mid at theirs)."""
     compute, values = np.asarray(compute, dtype=float), np.asarray(values, dtype=float)
-    keep = compute > max(0.0, fit_from)
+    keep = fit_window(compute, fit_from)
     compute, values = compute[keep], values[keep]
-    if not (0.0 <= r0 <= RATE_MAX and np.all((values >= 0.0) & (values <= RATE_MAX))):
+    if not (0.0 <= r0 <= RATE_MAX and is_rate(values)):
         return unfit(f"values outside [0, {RATE_MAX:g}]: not a rate", compute.size)
     return fit_gain_curve(compute, values - r0, r0)
 
@@ -228,11 +243,11 @@ def fit_run(run: Run, metric: str, compute_key: str, fit_from: float) -> RunCurv
     """A run's curve; R0 from its evaluation at compute 0 (the trainer's before-training evaluation)."""
     compute, values = series(run.records, metric, compute_key)
     seed = run.overrides.get(SEED_KEY)
-    at_start = values[compute == 0.0]
-    if not at_start.size:
+    r0 = start_value(compute, values)
+    if r0 is None:
         fit = unfit(f"no {metric} at {compute_key} = 0 for R0 (run with eval.before_training)", 0)
     else:
-        fit = fit_saturating_curve(compute, values, float(at_start[-1]), fit_from)
+        fit = fit_saturating_curve(compute, values, r0, fit_from)
     return RunCurve(str(run.path), seed, fit, compute, values)
 
 

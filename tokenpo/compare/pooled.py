@@ -26,6 +26,9 @@ from tokenpo.compare.curves import (
     Interval,
     RunCurve,
     fit_gain_curve,
+    fit_window,
+    is_rate,
+    start_value,
     unfit,
 )
 from tokenpo.compare.stats import CI_PROB
@@ -63,10 +66,8 @@ def seed_points(curves: list[RunCurve], fit_from: float) -> list[SeedPoints]:
     """The runs with an evaluation at compute 0 and a point after it, sorted by seed (so equal seed sets align)."""
     points = []
     for curve in curves:
-        at_start = curve.values[curve.compute == 0.0]
-        keep = curve.compute > max(0.0, fit_from)
-        if at_start.size and keep.any():
-            r0 = float(at_start[-1])
+        r0, keep = start_value(curve.compute, curve.values), fit_window(curve.compute, fit_from)
+        if r0 is not None and keep.any():
             points.append(SeedPoints(curve.seed, r0, curve.compute[keep], curve.values[keep] - r0))
     return sorted(points, key=lambda p: (p.seed is None, p.seed or ""))
 
@@ -75,8 +76,7 @@ def pooled_fit(points: list[SeedPoints]) -> CurveFit:
     """Eq. 1 through the gains of every run in points, R0 their mean."""
     if not points:
         return unfit("no run with an evaluation at compute 0 and a point after it", 0)
-    values = np.concatenate([p.r0 + p.gains for p in points] + [np.array([p.r0 for p in points])])
-    if not np.all((values >= 0.0) & (values <= RATE_MAX)):
+    if not is_rate(np.concatenate([p.r0 + p.gains for p in points] + [np.array([p.r0 for p in points])])):
         return unfit(f"values outside [0, {RATE_MAX:g}]: not a rate", sum(p.gains.size for p in points))
     return fit_gain_curve(np.concatenate([p.compute for p in points]), np.concatenate([p.gains for p in points]),
                           float(np.mean([p.r0 for p in points])))
@@ -86,11 +86,9 @@ def resample_fits(points: list[SeedPoints], resamples: int) -> list[CurveParams 
     """The pooled fit of each seed resample (None where unfit); index sets from the one seeded stream, each fitted
     once in sorted order (5 seeds have 126 distinct resamples)."""
     draws = np.random.default_rng(BOOTSTRAP_SEED).integers(0, len(points), size=(resamples, len(points)))
-    fits: dict[tuple[int, ...], CurveParams | None] = {}
-    for draw in map(lambda d: tuple(sorted(d)), draws):
-        if draw not in fits:
-            fits[draw] = pooled_fit([points[i] for i in draw]).params
-    return [fits[tuple(sorted(d))] for d in draws]
+    keys = [tuple(sorted(draw)) for draw in draws]
+    fits = {key: pooled_fit([points[i] for i in key]).params for key in dict.fromkeys(keys)}
+    return [fits[key] for key in keys]
 
 
 def resampled_interval(estimate: float, draws: list[float | None], n_seeds: int, log: bool) -> Interval | None:
@@ -111,9 +109,9 @@ def pooled_ratio(group: PooledGroup, baseline: PooledGroup, group_draws, baselin
     else independent ones (then on the fewer seeds' degrees of freedom)."""
     if not (group.fit.params and baseline.fit.params):
         return CMidRatio(None, None, None, "n/a: no pooled fit")
-    if min(len(group_seeds), len(baseline_seeds)) < 2:
-        return CMidRatio(group.fit.params.c_mid / baseline.fit.params.c_mid, None, None, "n/a: under 2 runs")
     ratio = group.fit.params.c_mid / baseline.fit.params.c_mid
+    if min(len(group_seeds), len(baseline_seeds)) < 2:
+        return CMidRatio(ratio, None, None, "n/a: under 2 runs")
     paired = group_seeds == baseline_seeds and None not in group_seeds
     if not paired:  # unrelated seeds: independent draws, the group's from the second half of the stream
         group_draws = group_draws[len(group_draws) // 2:]
