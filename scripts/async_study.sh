@@ -7,7 +7,7 @@
 # held-out accuracy (10 of the 200 problems). Environment and extra arguments as scripts/study.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export STUDY_DIR="${STUDY_DIR:-outputs/async_study}" STUDY_DOCS="${STUDY_DOCS:-docs/async_study}"
+export STUDY_DIR="${STUDY_DIR:-outputs/async_study}" STUDY_DOCS="${STUDY_DOCS:-docs/data/async_study}"
 export STUDY_STEPS="${STUDY_STEPS:-12}" STUDY_LANES=1 STUDY_THREADS="" STUDY_MARGIN="${STUDY_MARGIN:-0.05}"
 export STUDY_BASELINE=experiment=async/in_turn STUDY_FIT="--fit-curves --compute tokens"
 export STUDY_GROUPS="${STUDY_GROUPS:-experiment=async/in_turn experiment=async/decoupled experiment=async/plain}"

@@ -4,7 +4,7 @@
 # testbed (scripts/study.sh: data=arith_study, two updates per rollout, one thread per run, two lanes), held-out
 # accuracy before training and every 2 steps (4 points after step 0 for the curve fits), the transfer set after
 # the last step; then the comparisons against GRPO (with the ScaleRL curve fits against generated tokens) into
-# docs/entropy_study/ and against DAPO into docs/entropy_study/vs_dapo/.
+# docs/data/entropy_study/ and against DAPO into docs/data/entropy_study/vs_dapo/.
 # Sized to the issue's 3-hour bound on the 2-core machine: 61 runs of ~4.3 min at two lanes, about 2 h 10 min.
 # The held-out and transfer sets are 100 problems each (200 made a run ~8 min: 4 h for the study); the held-out
 # set keeps the testbed's level mix (data.arith.eval_size, not eval.max_problems, which would take the first
@@ -12,7 +12,7 @@
 # Environment and extra arguments as scripts/study.sh (STUDY_DIR default outputs/entropy_study).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export STUDY_DIR="${STUDY_DIR:-outputs/entropy_study}" STUDY_DOCS="${STUDY_DOCS:-docs/entropy_study}"
+export STUDY_DIR="${STUDY_DIR:-outputs/entropy_study}" STUDY_DOCS="${STUDY_DOCS:-docs/data/entropy_study}"
 export STUDY_STEPS="${STUDY_STEPS:-8}" STUDY_FIT="--fit-curves --compute tokens"
 # DAPO-based groups (dynamic sampling: more generation) alternate between the two lanes (study.sh: lane l runs
 # every second group from the l-th)

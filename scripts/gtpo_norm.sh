@@ -12,4 +12,4 @@ OUT="${GTPO_NORM_DIR:-outputs/gtpo_norm}"
 timed_sweep "gtpo norm" "$OUT" "${GTPO_NORM_STEPS:-4}" \
     algorithm=gtpo algorithm.advantage.norm=joint,per_polarity,scale_only seed=0,1 "$@"
 "$PY" -m tokenpo.compare "$OUT" --group-by algorithm.advantage.norm --target-metric eval/accuracy --target 0.7 \
-    --band minmax --out docs/gtpo_norm
+    --band minmax --out docs/data/gtpo_norm

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 PY="$(bash scripts/setup.sh | tail -n 1)"
 source scripts/lib/testbed.sh
 OUT="${GTPO_PF_DIR:-outputs/gtpo_paper_faithful}"
-DOCS=docs/gtpo_paper_faithful
+DOCS=docs/data/gtpo_paper_faithful
 timed_sweep "gtpo paper-faithful" "$OUT" "${GTPO_PF_STEPS:-4}" \
     experiment=gtpo/alpha2_0.1,gtpo/paper_faithful seed=0,1 "$@"
 "$PY" -m tokenpo.compare "$OUT" --group-by experiment --baseline experiment=gtpo/alpha2_0.1 \

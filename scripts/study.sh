@@ -3,7 +3,7 @@
 # with their paper defaults x 5 seeds x 15 steps on the shared testbed (scripts/lib/testbed.sh) with the study's
 # data and evaluation (data=arith_study, eval=arith_study: 200 held-out problems and a 200-problem two-digit
 # transfer set, both greedy after the last step), then the comparisons (figures, summaries and significance
-# tables against GRPO) into docs/study/ and docs/study/transfer/.
+# tables against GRPO) into docs/data/study/ and docs/data/study/transfer/.
 #
 # Sized for the 2-core development machine: 4 prompts x 4 responses of at most 24 tokens a step (trained answers
 # take 10-16; the main job allows 32); every run at trainer.threads=1, two
@@ -16,7 +16,7 @@
 # evaluates before its first step, written to <STUDY_DIR>_base/seed0.
 #   STUDY_DIR (outputs/study), STUDY_STEPS (15), STUDY_SEEDS ("0 1 2 3 4"), STUDY_GROUPS (one override per group,
 #   space-separated; default the eight above; keep algorithm=grpo, the baseline), STUDY_LANES (2), STUDY_DOCS
-#   (docs/study: where the comparison goes), STUDY_MARGIN (unset: none; an equivalence margin named in advance, passed
+#   (docs/data/study: where the comparison goes), STUDY_MARGIN (unset: none; an equivalence margin named in advance, passed
 #   to tokenpo.compare --margin), STUDY_FIT (unset: none; e.g. "--fit-curves --compute tokens": extra arguments of
 #   the held-out comparison), STUDY_THREADS (1; empty: not set, the groups' own), STUDY_BASELINE (algorithm=grpo:
 #   the group the comparisons are taken against). Extra arguments are Hydra overrides for every run.
@@ -27,7 +27,7 @@ source scripts/lib/testbed.sh
 OUT="${STUDY_DIR:-outputs/study}"
 STEPS="${STUDY_STEPS:-15}"
 LANES="${STUDY_LANES:-2}"
-DOCS="${STUDY_DOCS:-docs/study}"
+DOCS="${STUDY_DOCS:-docs/data/study}"
 MARGIN=(${STUDY_MARGIN:+--margin "$STUDY_MARGIN"})
 read -r -a SEEDS <<< "${STUDY_SEEDS:-0 1 2 3 4}"
 read -r -a GROUPS_ <<< "${STUDY_GROUPS:-algorithm=grpo algorithm=dapo algorithm=gtpo experiment=gtpo/alpha2_0_control \

@@ -63,10 +63,10 @@ def test_table_pairs_seeds_against_the_baseline():
 
 
 @pytest.mark.parametrize("per_run, summary", [
-    ("study.csv", "study/summary.csv"),
-    ("study_lora.csv", "study/lora/summary.csv"),
-    ("entropy_study.csv", "entropy_study/summary.csv"),
-    ("entropy_study.csv", "entropy_study/vs_dapo/summary.csv"),
+    ("study.csv", "data/study/summary.csv"),
+    ("study_lora.csv", "data/study/lora/summary.csv"),
+    ("entropy_study.csv", "data/entropy_study/summary.csv"),
+    ("entropy_study.csv", "data/entropy_study/vs_dapo/summary.csv"),
 ])
 def test_committed_per_run_data_reproduce_the_committed_summary(per_run, summary):
     values = export_study_data.read_column(REPO / "docs" / "data" / per_run, "held_out")
@@ -82,9 +82,9 @@ def test_committed_per_run_data_reproduce_the_committed_summary(per_run, summary
 
 
 @pytest.mark.parametrize("per_run, tests, baseline", [
-    ("study.csv", "study/significance.csv", "algorithm=grpo"),
-    ("entropy_study.csv", "entropy_study/significance.csv", "algorithm=grpo"),
-    ("entropy_study.csv", "entropy_study/vs_dapo/significance.csv", "algorithm=dapo"),
+    ("study.csv", "data/study/significance.csv", "algorithm=grpo"),
+    ("entropy_study.csv", "data/entropy_study/significance.csv", "algorithm=grpo"),
+    ("entropy_study.csv", "data/entropy_study/vs_dapo/significance.csv", "algorithm=dapo"),
 ])
 def test_committed_per_run_data_reproduce_the_committed_paired_tests(per_run, tests, baseline):
     values = export_study_data.read_column(REPO / "docs" / "data" / per_run, "held_out")
