@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The numbers of docs/performance.md: tokenpo against TRL's GRPOTrainer at the two shapes
+# The numbers of docs/performance.md: tokenpo against TRL's GRPOTrainer at two shapes
 # (8 prompts x 4 x 32 new tokens, 8 x 8 x 128), beta 0.04 and 0, 2 threads; then the micro-benchmarks.
 # Run it on a quiet machine: `uptime` load average well under 1 (each JSON records the load around its runs).
 # BENCH_STEPS: steps per framework run, the first is warm-up (default 4). Extra arguments go to every bench run.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check for a short, offline GPU slot (issue 26): ONE command, under 8 minutes. Installs tokenpo and what it
+# The GPU check for a short, offline GPU slot: ONE command, under 8 minutes. Installs tokenpo and what it
 # needs beyond the GPU image from a folder of wheels with no package index (at most 60 s), then runs
 # scripts/gpu_check.py, whose parts (docs/memory.md, "The GPU check") each run under their own timeout inside what is
 # left of the 470 s. Into the output folder, as each part finishes: gpu_check.md (the table, rewritten after each
