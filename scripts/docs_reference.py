@@ -1,8 +1,15 @@
 """The docs site's generated reference pages, read from the code so that they cannot go stale: every config key
 from the schema (each `setting(...)` field of the dataclasses under tokenpo.config.TrainConfig, with the value a plain
-`tokenpo-train` run composes) and every command's flags from its own parser.
+`tokenpo-train` run composes) and every command's flags from its own parser; and, in any page, the output of a
+memory plan quoted between the markers
 
-    .venv/bin/python scripts/docs_reference.py            # rewrite docs/reference/config.md and docs/reference/cli.md
+    <!-- output of: python -m tokenpo.plan <arguments> -->
+    ...
+    <!-- end of output -->
+
+Run it as
+
+    .venv/bin/python scripts/docs_reference.py            # rewrite docs/reference/*.md and every quoted plan
     .venv/bin/python scripts/docs_reference.py --check    # exit 1, naming each page that is out of date
 
 tests/docs/test_docs_reference.py runs the check, so a key or a flag added without regenerating fails the suite.
@@ -400,8 +407,29 @@ def cli_page() -> str:
 
 # --- the pages ------------------------------------------------------------------------------------------------------
 
+PLAN_BLOCK = re.compile(r"(<!-- output of: python -m tokenpo\.plan (?P<arguments>[^>]*?) -->\n).*?(<!-- end of output -->)",
+                        re.S)
+
+
+def plan_output(arguments: str) -> str:
+    """What `python -m tokenpo.plan <arguments>` prints, with this checkout's path written relative to it."""
+    out = io.StringIO()
+    with help_environment("python -m tokenpo.plan", *arguments.split()), contextlib.redirect_stdout(out):
+        runpy.run_module("tokenpo.plan", run_name="__main__", alter_sys=True)
+    return out.getvalue().replace(f"{REPO}/tokenpo/conf/", "conf/").replace(f"{REPO}/", "")
+
+
+def with_plan_outputs(text: str) -> str:
+    return PLAN_BLOCK.sub(lambda m: f"{m.group(1)}```text\n{plan_output(m.group('arguments'))}```\n{m.group(3)}", text)
+
+
 def pages() -> dict[Path, str]:
-    return {PAGES / "config.md": config_page(), PAGES / "cli.md": cli_page()}
+    """Every generated page and every page that quotes a plan, as it should read."""
+    out = {PAGES / "config.md": config_page(), PAGES / "cli.md": cli_page()}
+    for path in sorted((REPO / "docs").rglob("*.md")):
+        if path not in out and "<!-- output of: python -m tokenpo.plan" in (text := path.read_text()):
+            out[path] = with_plan_outputs(text)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
