@@ -377,7 +377,10 @@ def cli_page() -> str:
              "Every command's own help, as it prints it. `tokenpo-train` and `tokenpo-evaluate` are Hydra "
              "applications: besides Hydra's flags (below) they take overrides, `group=option` and `group.key=value`, "
              "whose keys are in the [configuration reference](config.md). Inside the repository, run them as "
-             "`.venv/bin/python -m ...`; installed as a package, the `tokenpo-*` commands are on the PATH.", ""]
+             "`.venv/bin/python -m ...`; installed as a package, the `tokenpo-*` commands are on the PATH.", "",
+             "Every command has run on CPU; nothing in tokenpo has run on a GPU yet, so the GPU options below (CUDA "
+             "devices, bf16, `flash_attention_2`, the GPU check) are not yet run on a GPU "
+             "([what is not yet verified](../gpu.md#8-what-has-and-has-not-run-on-a-gpu)).", ""]
     for command in COMMANDS:
         name, *also = command.invocation.split("  (")
         lines += [f"## `{name}`", ""]

@@ -56,3 +56,25 @@ def test_the_history_patterns_find_what_they_should():
     assert COMMIT_ID.findall("measured on commit `b641cb0` and 6acc456.") == ["b641cb0", "6acc456"]
     assert not COMMIT_ID.findall("a crc32 of deadbeef, 1234567 tokens, abcdefa, sha 0x1f2e3d4c5b")
     assert HISTORY.findall("the tree before this change") and HISTORY.findall("no GPU was lent to the sessions that")
+
+
+# a command that needs a GPU or a cluster, in a page's code blocks
+GPU_COMMAND = re.compile(r"torchrun|sbatch|\bsrun\b|nvidia-smi|--gpus|trainer\.nproc=8|experiment=paper/|model=qwen|"
+                         r"hydra/launcher=slurm|check_gpu\.sh|flash_attention_2")
+GPU_STATUS = re.compile(r"(?i)not (?:yet )?run on a GPU|nothing in tokenpo has run on a GPU")
+
+
+def code_blocks(text: str) -> str:
+    return "\n".join(re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M))
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda p: p.relative_to(DOCS).as_posix())
+def test_a_page_with_a_gpu_command_says_what_has_run_on_a_gpu(page):
+    text = page.read_text()
+    if GPU_COMMAND.search(code_blocks(text)):
+        assert GPU_STATUS.search(text), "a GPU command without a word on what has (not) run on a GPU (docs/gpu.md)"
+
+
+def test_the_gpu_command_pattern_reads_code_blocks_only():
+    page = "torchrun in prose\n\n```bash\ntokenpo-train trainer.nproc=8\n```\n"
+    assert GPU_COMMAND.search(code_blocks(page)) and not GPU_COMMAND.search(code_blocks("torchrun in prose\n"))
