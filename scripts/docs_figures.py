@@ -111,10 +111,14 @@ def plan_json(arguments: list[str]) -> dict:
     return plan
 
 
+def plans() -> list[dict]:
+    """The memory plans of PLAN_SETUPS as the code computes them now (tests/docs compares them with PLANS)."""
+    return [{"setup": label, "command": " ".join(["python -m tokenpo.plan", *arguments]), "plan": plan_json(arguments)}
+            for label, arguments in PLAN_SETUPS]
+
+
 def write_plans() -> None:
-    plans = [{"setup": label, "command": " ".join(["python -m tokenpo.plan", *arguments]), "plan": plan_json(arguments)}
-             for label, arguments in PLAN_SETUPS]
-    PLANS.write_text(json.dumps(plans, indent=1) + "\n")
+    PLANS.write_text(json.dumps(plans(), indent=1) + "\n")
 
 
 def memory_plan() -> None:

@@ -101,3 +101,23 @@ def test_every_installed_command_and_module_command_is_documented():
 def test_each_command_has_its_section_on_the_cli_page(command):
     page = (REPO / "docs" / "reference" / "cli.md").read_text()
     assert f"## `{command.invocation.split('  (')[0]}`" in page
+
+
+def test_a_quoted_plan_is_filled_from_the_plan_command():
+    page = ("before\n<!-- output of: python -m tokenpo.plan model=tiny --device cpu -->\nstale\n<!-- end of output -->\n"
+            "after\n")
+    filled = docs_reference.with_plan_outputs(page)
+    assert filled.startswith("before\n<!-- output of: python -m tokenpo.plan model=tiny --device cpu -->\n```text\n"
+                             "memory plan per process: tiny")
+    assert "stale" not in filled and filled.endswith("```\n<!-- end of output -->\nafter\n")
+    assert str(REPO) not in filled
+
+
+def test_the_memory_plans_behind_the_figure_are_current():
+    import json
+
+    spec = importlib.util.spec_from_file_location("docs_figures", REPO / "scripts" / "docs_figures.py")
+    docs_figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs_figures)
+    assert docs_figures.plans() == json.loads(docs_figures.PLANS.read_text()), \
+        "docs/data/memory_plans.json is out of date: python scripts/docs_figures.py --plans"
