@@ -16,11 +16,8 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
-import io
 import json
-import runpy
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -29,6 +26,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from docs_reference import plan_output  # noqa: E402  (the script beside this one)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "docs" / "data"
@@ -96,19 +96,8 @@ def study_steps(source: str, name: str, title: str, columns: int) -> None:
 
 
 def plan_json(arguments: list[str]) -> dict:
-    """What `python -m tokenpo.plan <arguments> --json` prints."""
-    out = io.StringIO()
-    argv = sys.argv
-    try:
-        sys.argv = ["python -m tokenpo.plan", *arguments, "--json"]
-        with contextlib.redirect_stdout(out):
-            runpy.run_module("tokenpo.plan", run_name="__main__", alter_sys=True)
-    finally:
-        sys.argv = argv
-    plan = json.loads(out.getvalue())
-    # where the model's config.json was read: this machine's path, written relative to the repository
-    plan["architecture"] = plan["architecture"].replace(f"{REPO}/", "").replace("tokenpo/conf/", "conf/")
-    return plan
+    """What `python -m tokenpo.plan <arguments> --json` prints (this checkout's paths written relative to it)."""
+    return json.loads(plan_output(" ".join([*arguments, "--json"])))
 
 
 def plans() -> list[dict]:
