@@ -268,8 +268,9 @@ def test_gtpo_32b_setup_keeps_the_7b_protocol_on_the_32b_model():
 
 
 def documented_experiment_lists() -> list[str]:
-    """Every `experiment=[a,b,...]` list written in the docs, the README and the experiment headers."""
-    texts = [EXPERIMENTS_DOC.parent.parent / "README.md", *EXPERIMENTS_DOC.parent.glob("*.md"),
+    """Every `experiment=[a,b,...]` list written in the docs (every page, the site's sections included), the README and
+    the experiment headers."""
+    texts = [EXPERIMENTS_DOC.parent.parent / "README.md", *EXPERIMENTS_DOC.parent.rglob("*.md"),
              *EXPERIMENT_DIR.rglob("*.yaml")]
     found = {m for path in texts for m in re.findall(r"\[([\w/.]+(?:,[\w/.]+)+)\]", path.read_text())}
     # "[grpo_s/...,x]" is prose, not a command; every experiment lives in a subfolder, so a list whose names are not
