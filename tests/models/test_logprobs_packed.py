@@ -90,18 +90,21 @@ def test_packing_keeps_attention_inside_each_row_under_sdpa_and_eager(model, att
     torch.testing.assert_close(packed, padded, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_one_decoder_call_per_pass_whatever_the_lengths(model, packed, monkeypatch):
-    """single_call (ZeRO-3 on several processes): the decoder runs once per pass, the same values as the buckets'."""
+def counted_decoder_calls(model, monkeypatch) -> list:
     calls = []
     decoder = model.get_decoder()
     forward = decoder.forward
     monkeypatch.setattr(decoder, "forward", lambda *args, **kwargs: calls.append(1) or forward(*args, **kwargs))
+    return calls
+
+
+def test_a_packed_pass_calls_the_decoder_once_whatever_the_lengths(model, monkeypatch):
+    calls = counted_decoder_calls(model, monkeypatch)
     with torch.no_grad():
         bucketed, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX)
         buckets = len(calls)
         calls.clear()
-        once, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, packed=packed, single_call=True)
+        once, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, packed=True, lockstep=True)
     assert buckets == 2 and len(calls) == 1  # the buckets: the prompts, then the responses over their cache
     torch.testing.assert_close(once, bucketed, atol=ATOL, rtol=0)
     # no token to predict at all: still one call, so every rank makes the same collectives
@@ -109,5 +112,72 @@ def test_one_decoder_call_per_pass_whatever_the_lengths(model, packed, monkeypat
     prompt_ids, prompt_mask, response_ids, response_mask = padded_batch()
     with torch.no_grad():
         response_logprobs(model, prompt_ids, prompt_mask, response_ids[4:5], response_mask[4:5],
-                          prompt_index=PROMPT_INDEX[4:5], packed=packed, single_call=True)
+                          prompt_index=PROMPT_INDEX[4:5], packed=True, lockstep=True)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_in_lockstep_a_rank_runs_as_many_buckets_and_head_chunks_as_its_peers_and_keeps_its_own_values(
+        model, monkeypatch, grad):
+    """ZeRO-3 on several processes: a peer needs 4 buckets and 5 head chunks (logprobs.agreed_count stands in for
+    the all-reduce). This rank's own buckets run as before and the extra calls keep nothing: values and gradients
+    are the single-process ones, the empty response included."""
+    from tokenpo.models import logprobs
+
+    calls = counted_decoder_calls(model, monkeypatch)
+    heads = []
+    head = model.get_output_embeddings()
+    head_forward = head.forward
+    monkeypatch.setattr(head, "forward", lambda hidden: heads.append(len(hidden)) or head_forward(hidden))
+    with torch.set_grad_enabled(grad):
+        alone, alone_entropy = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, chunk_tokens=5)
+        alone_grads = parameter_grads(model, alone, alone_entropy) if grad else {}
+        own_calls, own_heads = len(calls), list(heads)
+        calls.clear(), heads.clear()
+        peers = iter([4, 5])  # the buckets' count, then the head chunks'
+        monkeypatch.setattr(logprobs, "agreed_count", lambda count, lockstep, device: max(count, next(peers)))
+        logp, entropy = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, chunk_tokens=5,
+                                          lockstep=True)
+        grads = parameter_grads(model, logp, entropy) if grad else {}
+    # the prompts and 1 bucket; 16 response tokens in chunks of 5
+    assert own_calls == 2 and own_heads == [5, 5, 5, 1]
+    assert len(calls) == 5 and heads == [5, 5, 5, 1, 0]  # the prompts and 4 buckets; 5 chunks, the last empty
+    torch.testing.assert_close(logp, alone, atol=0, rtol=0)
+    torch.testing.assert_close(entropy, alone_entropy, atol=0, rtol=0)
+    for name, want in alone_grads.items():
+        torch.testing.assert_close(grads[name], want, atol=1e-6, rtol=1e-6, msg=name)
+
+
+def test_under_flash_attention_a_packed_pass_hands_over_the_rows_boundaries(model, monkeypatch):
+    """flash-attention's varlen kernels get each row's offsets and the longest row from tokenpo (transformers would
+    derive them from the positions in every layer, waiting for the device each time). A stand-in registered as
+    flash_attention_2 runs each row on its own from the offsets it receives: the values are sdpa's."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    received = []
+
+    def varlen(module, query, key, value, attention_mask, **kwargs):
+        starts, longest = kwargs["cu_seq_lens_q"], kwargs["max_length_q"]
+        assert starts.dtype == torch.int32 and isinstance(longest, int)
+        assert kwargs["cu_seq_lens_k"] is starts and kwargs["max_length_k"] == longest
+        received.append((starts.tolist(), longest))
+        rows = [sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, is_causal=True,
+                                       scaling=kwargs.get("scaling"))[0]
+                for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
+        return torch.cat(rows, 1), None
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "flash_attention_2", varlen)
+    with torch.no_grad():
+        padded, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX)
+        model.config._attn_implementation = "flash_attention_2"
+        packed, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, packed=True)
+        model.config._attn_implementation = "sdpa"
+    torch.testing.assert_close(packed, padded, atol=ATOL, rtol=0)
+    # each non-empty row is its prompt (5 or 2 tokens) and its response but the last token, 2 layers
+    prompt_of = [5, 5, 5, 2, 2]
+    rows = [p + n - 1 for p, n in zip(prompt_of, (4, 1, 6, 3, 2))]
+    starts = [0]
+    for row in rows:
+        starts.append(starts[-1] + row)
+    assert received == [(starts, max(rows))] * 2

@@ -32,7 +32,7 @@ def build_policy_engine(model, optimizer: torch.optim.Optimizer, ds: DeepSpeedCo
     config = engine_json(ds, micro_batch_size=micro_batch_size, world_size=world_size, max_grad_norm=max_grad_norm)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     _frozen_left_out_of_checkpoints(engine)
-    if ds.stage == 0:
+    if ds.engine_stage == 0:
         _record_grad_norm(engine)
         if world_size == 1:
             # one process has nothing to reduce, but stage 0 would still flatten every gradient into a buffer and
@@ -75,19 +75,21 @@ def _frozen_left_out_of_checkpoints(engine) -> None:
 
 
 def forward_in_engine(model, fn, *args, **kwargs):
-    """`fn(module, *args, **kwargs)`; for a DeepSpeed engine, run as its module's forward inside `engine(...)`.
+    """`fn(module, *args, **kwargs)` run as `module`'s forward: for a DeepSpeed engine inside `engine(...)`, for a plain
+    module (a no-grad pass, the ZeRO-3 reference) through `module(...)`.
 
-    The trainer's differentiable pass calls the decoder and chunks of the output layer itself (vocabulary-sized
-    logits never exist for all tokens at once) instead of the model's forward. DeepSpeed keeps per-micro-batch
-    state in `DeepSpeedEngine.forward` and the hooks it puts on the module and on the outputs: ZeRO's backward
-    bookkeeping and, under ZeRO-3, the micro-step counter without which a micro-batch's gradients overwrite
-    the previous ones instead of adding up. DeepSpeed has no call for "run this function as the forward", so `fn`
-    stands in for the module's forward for one call: `DeepSpeedEngine.forward` calls `self.module(...)`.
+    The trainer's passes call the decoder and chunks of the output layer themselves (vocabulary-sized logits never
+    exist for all tokens at once) instead of the model's forward. DeepSpeed keeps per-micro-batch state in
+    `DeepSpeedEngine.forward` and in the hooks it puts on the module and on the outputs: ZeRO's backward bookkeeping,
+    under ZeRO-3 the micro-step counter without which a micro-batch's gradients overwrite the previous ones instead of
+    adding up, and the top-level module's pre-forward hook that starts ZeRO-3's trace of the module order anew (a pass
+    that skipped it would run on from the previous pass's position in the trace, invalidate it, and leave DeepSpeed
+    prefetching nothing). DeepSpeed has no call for "run this function as the forward", so `fn` stands in for the
+    module's forward for one call: `DeepSpeedEngine.forward` calls `self.module(...)`, and nn.Module.__call__ runs
+    every hook around it.
     """
-    if not isinstance(model, deepspeed.DeepSpeedEngine):
-        return fn(model, *args, **kwargs)
-    module = model.module
-    # an instance attribute shadows the class's forward; nn.Module.__call__ still runs every hook around it
+    module = model.module if isinstance(model, deepspeed.DeepSpeedEngine) else model
+    # an instance attribute shadows the class's forward
     module.forward = functools.partial(fn, module)
     try:
         return model(*args, **kwargs)

@@ -16,9 +16,16 @@ pass, which SDPA would also convert to the training dtype in every layer). Under
 carries its own prompt, positions restarting per row, and the attention stays inside each row (transformers'
 block-diagonal mask from the position ids for eager, flash-attention's varlen path).
 
-`single_call=True` runs the decoder exactly once per pass whatever the lengths (each row's prompt repeated for it,
-padded to the longest row; or packed): under ZeRO-3 on several processes every decoder call gathers each layer's
-parameters with collectives, so every rank must make the same calls, and the buckets' count depends on the lengths.
+`lockstep=True` (ZeRO-3 on several processes) makes every rank call the same modules in the same order whatever its
+lengths: under ZeRO-3 every call of a partitioned module gathers its parameters with collectives, in the forward and
+again in the backward, so a rank that calls a module once more than another, or in another order, waits for it until
+the process group's timeout (DeepSpeed issue #7998). The passes whose call count depends on the lengths run as many
+calls as the rank that needs the most (`agreed_count`: one all-reduce of the count): the decoder over response buckets
+and the output layer over chunks of response tokens. Each such call runs the same operations on every rank, kept or
+not (a bucket past a rank's own runs its first row and keeps nothing; a bucket of one-token answers runs the decoder
+too; a chunk past a rank's tokens is empty), so that the graphs differ in sizes only and the backward, which follows
+the graph, meets the modules in the same order. Packed passes and passes under activation checkpointing call the
+decoder once whatever the lengths.
 """
 
 from __future__ import annotations
@@ -30,10 +37,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed
 from torch.utils.checkpoint import checkpoint
 from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from tokenpo.models.config import is_flash_attention
 from tokenpo.models.lora import is_lora
 
 
@@ -199,6 +208,25 @@ def chunk_head_function(with_entropy: bool, entropy_grad: bool, recompute_head: 
     return recomputed(chunk_head) if recompute_head and grad_enabled else chunk_head
 
 
+def agreed_count(count: int, lockstep: bool, device: torch.device) -> int:
+    """`count` calls of some module on this rank; `lockstep` (in a process group): the group's largest count, by one
+    all-reduce, so that every rank makes as many."""
+    if not (lockstep and torch.distributed.is_initialized()):
+        return count
+    agreed = torch.tensor([count], dtype=torch.long, device=device)
+    torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
+    return int(agreed)
+
+
+def head_chunks(tokens: int, chunk_tokens: int, lockstep: bool, device: torch.device) -> list[slice]:
+    """The output layer's chunks of a pass over `tokens` response tokens: `chunk_tokens` rows each, the last one
+    shorter; `lockstep`: as many as the rank with the most tokens needs (agreed_count), the ones past this rank's
+    tokens empty, so that every rank calls the head, and gathers its parameters under ZeRO-3, as often in the forward
+    and in the backward."""
+    count = agreed_count(-(-tokens // chunk_tokens), lockstep, device)
+    return [slice(lo, lo + chunk_tokens) for lo in range(0, count * chunk_tokens, chunk_tokens)]
+
+
 def _scatter(chunks: list[torch.Tensor], rows: torch.Tensor, cols: torch.Tensor, shape: torch.Size,
              device: torch.device) -> torch.Tensor:
     """[B, T] fp32 zeros holding `chunks` (concatenated) at (rows, cols); differentiable in the chunks."""
@@ -249,18 +277,14 @@ def per_row(prompt_tensor: torch.Tensor, prompt_index: torch.Tensor) -> torch.Te
 
 
 def _bucket_hidden(decoder, prompt_last, prompt_kv, prompt_mask, response_embeds, response_mask, rows,
-                   length: int, tokens: PassTokens):
+                   length: int):
     """Hidden states [rows, length, H] predicting response tokens 0..length-1 of `rows` (`prompt_last`, `prompt_kv`,
-    `prompt_mask` are already indexed per row)."""
-    if length == 1:
-        return prompt_last[:, None]
+    `prompt_mask` are already indexed per row); length >= 2."""
     cache = DynamicCache()
     for layer, (keys, values) in enumerate(prompt_kv):
         cache.update(keys, values, layer)
     # the last response token predicts nothing: the decoder runs on tokens 0..length-2 only
-    response_part = response_mask[rows, : length - 1]
-    tokens.add(response_part.numel(), response_part.sum())
-    mask = torch.cat([prompt_mask, response_part.long()], 1)
+    mask = torch.cat([prompt_mask, response_mask[rows, : length - 1].long()], 1)
     positions = prompt_mask.sum(-1, keepdim=True) + torch.arange(length - 1, device=prompt_mask.device)
     hidden = decoder(inputs_embeds=response_embeds[rows, : length - 1], attention_mask=mask, position_ids=positions,
                      **kv_cache(decoder, cache), use_cache=True).last_hidden_state
@@ -273,7 +297,9 @@ def _packed_hidden(decoder, prompt_ids, prompt_mask, response_ids, response_mask
     padding. Under `sdpa` each prompt runs once, followed by its rows' responses (but their last tokens, which
     predict nothing), each response positioned after its prompt and attending to it (`segment_attention`). Under
     flash-attention (its varlen kernels) or eager (transformers' packed-sequence mask) each row is its prompt and
-    response, positions restarting at 0, attention kept inside the row by the restarting positions."""
+    response, positions restarting at 0, attention kept inside the row by the restarting positions; flash-attention
+    is handed the rows' boundaries (`varlen_kwargs`), which transformers would otherwise derive from the positions in
+    every layer, each time waiting for the device."""
     lengths = response_mask.sum(-1).long().tolist()
     prompt_lengths = prompt_mask.sum(-1).long().tolist()
     width = prompt_ids.shape[1]
@@ -307,7 +333,12 @@ def _packed_hidden(decoder, prompt_ids, prompt_mask, response_ids, response_mask
     if not pieces:  # no token to predict: one call on the first prompt token all the same (ZeRO-3: every rank calls)
         pieces, positions, layout = [prompt_ids[0, -1:]], [torch.zeros(1, dtype=torch.long)], [PackedGroup(1, ())]
     tokens.add(offset, offset)
-    extra = {"packed_groups": layout} if shared else {}
+    if shared:
+        extra = {"packed_groups": layout}
+    elif is_flash_attention(decoder.config._attn_implementation):
+        extra = varlen_kwargs([len(piece) for piece in pieces], response_ids.device)
+    else:
+        extra = {}
     hidden = decoder(input_ids=torch.cat(pieces)[None], position_ids=torch.cat(positions).to(device)[None],
                      attention_mask=None, use_cache=False, **extra).last_hidden_state[0]
     if not targets:
@@ -317,8 +348,18 @@ def _packed_hidden(decoder, prompt_ids, prompt_mask, response_ids, response_mask
             torch.cat(cols).to(device))
 
 
+def varlen_kwargs(pieces: list[int], device: torch.device) -> dict:
+    """flash-attention's varlen arguments for a packed pass whose rows are prompt, response, prompt, response, ...
+    (`pieces`: their token counts in order): each row's start offsets (cu_seq_lens, int32, one past the end last) and
+    the longest row, as transformers' flash path takes them (FlashAttentionKwargs)."""
+    rows = [prompt + response for prompt, response in zip(pieces[0::2], pieces[1::2])] or [sum(pieces)]
+    starts = torch.tensor([0, *itertools.accumulate(rows)], dtype=torch.int32, device=device)
+    longest = max(rows)
+    return {"cu_seq_lens_q": starts, "cu_seq_lens_k": starts, "max_length_q": longest, "max_length_k": longest}
+
+
 def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, response_mask,
-                                 prompt_index: torch.Tensor, *, packed: bool = False, single_call: bool = False,
+                                 prompt_index: torch.Tensor, *, packed: bool = False, lockstep: bool = False,
                                  tokens: PassTokens | None = None):
     """(hidden [N, H], rows [N], cols [N]): the hidden state predicting each real response token (row, col).
 
@@ -326,15 +367,15 @@ def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, r
     group's rows share one: a whole group's, a slice of it, or the rows of it a token-budget micro-batch holds).
     Each prompt runs once and its KV cache serves its rows; gradients flow back through the shared prompt. Responses
     run in buckets of similar length (length_buckets), so short answers are not padded to the longest one of the
-    batch. `packed`: one padding-free pass instead; `single_call`: one decoder call (module docstring). `tokens`
-    counts the positions fed.
+    batch. `packed`: one padding-free pass instead; `lockstep`: as many bucket calls as the process group's rank with
+    the most (module docstring). `tokens` counts the positions fed (an idle call's token is not one).
     """
     tokens = PassTokens() if tokens is None else tokens
     prompt_index = prompt_index.to(response_ids.device)
     if packed:
         return _packed_hidden(model.get_decoder(), prompt_ids, prompt_mask, response_ids, response_mask, prompt_index,
                               tokens)
-    if single_call or (activation_checkpointing(model) and torch.is_grad_enabled()):
+    if activation_checkpointing(model) and torch.is_grad_enabled():
         hidden = _repeated_prompt_hidden(model, prompt_ids, prompt_mask, response_ids, response_mask, prompt_index,
                                          tokens)
         rows, cols = response_mask.bool().nonzero(as_tuple=True)
@@ -351,16 +392,28 @@ def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, r
     real = response_mask.bool()
     # a row's length is its last real position + 1
     lengths = (real * torch.arange(1, real.shape[1] + 1, device=real.device)).amax(1).tolist()
+    buckets = length_buckets(lengths)
     hidden_parts, row_parts, col_parts = [], [], []
-    for bucket in length_buckets(lengths):
-        length = max(lengths[row] for row in bucket)
+    for index in range(agreed_count(len(buckets), lockstep, real.device)):
+        # past this rank's buckets (lockstep): a bucket of its first row that keeps nothing
+        bucket = buckets[index] if index < len(buckets) else [0]
+        length = max(lengths[row] for row in bucket) if index < len(buckets) else 0
         rows = torch.tensor(bucket, device=real.device)
         prompts = prompt_index[rows]
-        hidden = _bucket_hidden(decoder, per_row(prompt_last, prompts),
-                                [(per_row(k, prompts), per_row(v, prompts)) for k, v in prompt_kv],
-                                prompt_mask[prompts], response_embeds, response_mask, rows, length, tokens)
-        where = real[rows, :length]
-        bucket_rows, cols = where.nonzero(as_tuple=True)
+        if length == 1 and not lockstep:  # predicted by the prompts' last positions: no decoder call
+            hidden = per_row(prompt_last, prompts)[:, None]
+        else:
+            # in lockstep every bucket runs the same operations on every rank, one-token answers and the buckets past
+            # this rank's included (on at least one token, kept or not), so that the backward meets the modules in the
+            # same order on every rank
+            hidden = _bucket_hidden(decoder, per_row(prompt_last, prompts),
+                                    [(per_row(k, prompts), per_row(v, prompts)) for k, v in prompt_kv],
+                                    prompt_mask[prompts], response_embeds, response_mask, rows, max(length, 2))
+            if length > 1:  # the positions fed for this rank's answers (not the lockstep ones)
+                fed = response_mask[rows, : length - 1]
+                tokens.add(fed.numel(), fed.sum())
+        keep = real[rows, : hidden.shape[1]] & (index < len(buckets))
+        bucket_rows, cols = keep.nonzero(as_tuple=True)
         hidden_parts.append(hidden[bucket_rows, cols])
         row_parts.append(rows[bucket_rows])
         col_parts.append(cols)
@@ -379,7 +432,7 @@ def response_logprobs(
     *,
     prompt_index: torch.Tensor | None = None,
     packed: bool = False,
-    single_call: bool = False,
+    lockstep: bool = False,
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
     with_entropy: bool = True,
@@ -390,7 +443,8 @@ def response_logprobs(
     """Log-probs [B, T] (differentiable when grad is enabled) and entropy [B, T] of responses.
 
     `response_mask` [B, T] marks real response tokens; other positions get 0. `prompt_index` [B]: each row's prompt
-    (None: one prompt per row); `packed`, `single_call`, `tokens`: as response_token_hidden_states.
+    (None: one prompt per row); `packed`, `tokens`: as response_token_hidden_states; `lockstep`: the same calls of
+    the decoder and the output layer on every rank of the process group (module docstring).
     The entropy is detached unless `entropy_grad` (an entropy-regularised loss): then it is differentiable
     too, through the full softmax of each head chunk; otherwise no graph is kept for it.
     `recompute_head` re-runs each head chunk in the backward pass instead of keeping its logits
@@ -401,12 +455,12 @@ def response_logprobs(
         prompt_index = torch.arange(response_ids.shape[0])
     flat_hidden, rows, cols = response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids,
                                                            response_mask, prompt_index, packed=packed,
-                                                           single_call=single_call, tokens=tokens)
+                                                           lockstep=lockstep, tokens=tokens)
     flat_targets = response_ids[rows, cols]
     head = model.get_output_embeddings()
     chunk_head = chunk_head_function(with_entropy, entropy_grad, recompute_head, torch.is_grad_enabled())
-    chunks = [chunk_head(head, flat_hidden[lo : lo + chunk_tokens], flat_targets[lo : lo + chunk_tokens], temperature)
-              for lo in range(0, flat_hidden.shape[0], chunk_tokens)]
+    chunks = [chunk_head(head, flat_hidden[part], flat_targets[part], temperature)
+              for part in head_chunks(flat_hidden.shape[0], chunk_tokens, lockstep, flat_hidden.device)]
     logp = _scatter([c.logp for c in chunks], rows, cols, response_mask.shape, flat_hidden.device)
     if not with_entropy:
         return logp, None

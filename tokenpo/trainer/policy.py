@@ -55,8 +55,9 @@ class PolicySettings:
     recompute_head: bool  # trainer.recompute_head: the update's output layer recomputed in the backward
     lora: dict | None  # model.lora settings (LoraConfig.settings()); None: full fine-tuning
     pack_sequences: bool = False  # trainer.pack_sequences: every pass's rows as one padding-free sequence
-    # one decoder call per pass (ZeRO-3 on several processes: every rank makes the same parameter-gathering calls)
-    single_call: bool = False
+    # the same decoder and output-layer calls on every rank (ZeRO-3 on several processes: each call gathers parameters
+    # with collectives)
+    lockstep: bool = False
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, world_size: int = 1) -> PolicySettings:
@@ -107,7 +108,8 @@ class Policy:
         logp, entropy = forward_in_engine(
             model, response_logprobs, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids,
             tokens.response_mask, prompt_index=tokens.prompt_index, packed=self.settings.pack_sequences,
-            single_call=self.settings.single_call, temperature=self.settings.temperature, chunk_tokens=self.settings.chunk_tokens, with_entropy=with_entropy,
+            lockstep=self.settings.lockstep, temperature=self.settings.temperature,
+            chunk_tokens=self.settings.chunk_tokens, with_entropy=with_entropy,
             entropy_grad=entropy_grad, recompute_head=recompute_head, tokens=fed)
         return TokenLogprobs(logp, entropy if with_entropy else None)
 
