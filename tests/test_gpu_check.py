@@ -175,15 +175,20 @@ def test_the_152k_vocabulary_model_is_qwen2_5s_output_rows_at_the_cpu_sizes(tmp_
     assert parts.vocab152k(tmp_path, parts.CPU) == folder  # drawn once, then reused
 
 
-@pytest.mark.slow  # about a minute on 2 cores: 5 tokenpo runs of the tiny model
-def test_the_cpu_rehearsal_runs_the_device_and_dtype_parts(tmp_path):
+@pytest.mark.e2e  # about 3.5 minutes on 2 cores: every part's tokenpo runs at the CPU sizes
+def test_the_cpu_rehearsal_runs_every_part(tmp_path):
+    """Every part of the GPU check, in order, at its CPU sizes (gloo, fp32, models 64 wide): a part whose code no
+    longer fits tokenpo (a renamed keyword, a removed key) fails here, not on the first GPU slot."""
     done = subprocess.run([sys.executable, REPO / "scripts" / "gpu_check.py", "--device", "cpu", "--out",
-                           tmp_path / "out", "--work", tmp_path / "work", "--only", "device", "dtypes"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+                           tmp_path / "out", "--work", tmp_path / "work", "--budget", "1500"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=1600)
     rows = table_rows((tmp_path / "out" / "gpu_check.md").read_text())
-    assert [(cells[0], cells[2]) for cells in rows] == [("device", "ok"), ("dtypes", "ok")]
+    assert [(cells[0], cells[2]) for cells in rows] == [(name, "ok") for name in parts.PARTS], (
+        done.stdout[-3000:] + done.stderr[-3000:])
+    assert done.returncode == 0
     dtypes = json.loads((tmp_path / "out" / "dtypes.json").read_text())["findings"]
     assert dtypes["figures"]["outcomes"]["bfloat16+bf16"] == "trains"
     assert dtypes["runs"][0]["steps"][0]["kl/ref"] == 0.0
+    two_ranks = json.loads((tmp_path / "out" / "zero3_two_ranks.json").read_text())["findings"]
+    assert two_ranks["figures"]["apart"] == {} and len(two_ranks["runs"]) == 2
     assert (tmp_path / "out" / "device_tiny.log").stat().st_size > 0

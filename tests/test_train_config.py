@@ -188,3 +188,17 @@ def test_mini_batches_must_divide_the_step_across_processes():
     cfg.validate_batch(world_size=2)  # 8 = 2 processes x 2 mini-batches x 2 groups
     with pytest.raises(ConfigError, match="trainer.mini_batches"):
         cfg.validate_batch(world_size=3)
+
+
+def test_a_paper_setup_with_lora_at_its_full_fine_tuning_lr_is_said_in_one_line():
+    from tokenpo.models.config import lora_lr_note
+
+    note = lora_lr_note("paper/grpo_qwen2_5_math_7b", 8, 1e-6, lr_set_by_user=False)
+    assert note == ("experiment=paper/grpo_qwen2_5_math_7b with model.lora.rank=8 keeps the setup's full-fine-tuning "
+                    "trainer.lr=1e-06; LoRA's best is about 10x full fine-tuning's (LoRA Without Regret; docs/lora.md): "
+                    "set trainer.lr=1e-05 to follow it")
+    # the learning rate given on the command line, full fine-tuning, or not a paper setup: nothing to say
+    assert lora_lr_note("paper/grpo_qwen2_5_math_7b", 8, 1e-5, lr_set_by_user=True) is None
+    assert lora_lr_note("paper/grpo_qwen2_5_math_7b", 0, 1e-6, lr_set_by_user=False) is None
+    assert lora_lr_note("lora/rank8", 8, 2e-4, lr_set_by_user=False) is None
+    assert lora_lr_note(None, 8, 1e-6, lr_set_by_user=False) is None

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from tokenpo import CONF_DIR
 from tokenpo.config import build_config
 from tokenpo.errors import ConfigError
+from tokenpo.models.config import lora_lr_note
 from tokenpo.plan.context import check_run_context, check_token_budget, resolved_max_model_len, run_prompt_lengths
 from tokenpo.plan.memory import check_memory_plan
 from tokenpo.preflight import check_command_line, check_inputs
@@ -134,6 +135,11 @@ def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
         tree.rollout.vllm.max_model_len = cfg.rollout.vllm.max_model_len = max_model_len
     check_memory_plan(cfg, max(world, cfg.trainer.nproc), prompts.train)
     if rank0:
+        note = lora_lr_note(HydraConfig.get().runtime.choices.get("experiment"), cfg.model.lora.rank,
+                            cfg.trainer.lr, any(o.lstrip("+").startswith("trainer.lr=")
+                                                for o in HydraConfig.get().overrides.task))
+        if note:
+            log.warning(note)
         if in_sweep:
             log.info("job %d: %s in %s", job, "resumed" if rundir.continues_here(run_dir, resume) else "started",
                      run_dir)

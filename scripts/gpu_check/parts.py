@@ -303,6 +303,41 @@ def dapo_dynamic_sampling(sizes: Sizes, out: Path, work: Path) -> Findings:
 DTYPE_PAIRS = (("bfloat16", "bf16"), ("float16", "bf16"), ("float16", "fp32"), ("bfloat16", "fp32"))
 
 
+def zero3_two_ranks(sizes: Sizes, out: Path, work: Path) -> Findings:
+    """ZeRO-3 on 2 processes of the ~0.4B model, responses of unequal lengths and a 16-token output-layer chunk, so
+    the ranks' passes differ in length and chunk count (every module call gathers its parameters: a rank that calls
+    once more than the other would hang); 2 steps, then the same at ZeRO-2, whose metrics it must equal. NCCL over two
+    devices where there are two; on one device both ranks share it over gloo (NCCL refuses two ranks on one GPU)."""
+    import torch
+
+    folder = qwen2_0_4b(work, sizes)
+    two_devices = sizes.device == "cuda" and torch.cuda.device_count() >= 2
+    backend = "deepspeed.backend=nccl" if two_devices else "deepspeed.backend=gloo"
+    # fp32 (the CPU rehearsal) agrees to rounding; bf16 sums in another order under each stage
+    tolerance = 1e-5 if sizes.model_dtype == "float32" else 2e-2
+    shape = [o for o in run_shape(sizes, 2) if not o.startswith("deepspeed.backend")]
+    # drawn weights sample near-uniformly and would run every response to the cap: stop tokens enough that a response
+    # stops after new_tokens / 3 tokens on average, so lengths differ between rows and between the ranks (at most
+    # 3000 ids: Hydra parses a long list slowly, 0.5 ms an id; at the CPU's 8 tokens 6 % of steps stop)
+    stops = range(1000, 1000 + min(3000, 3 * 49_152 // sizes.new_tokens))
+    common = [*local_model(folder, sizes), "trainer.nproc=2", "trainer.logit_chunk_tokens=16",
+              "trainer.dist_timeout_s=120", f"rollout.eos_tokens=[{','.join(map(str, stops))}]", *shape, backend]
+    runs = [train(f"{stage}_two_ranks", [*common, f"deepspeed={stage}"], work / "runs" / f"{stage}_two_ranks", out)
+            for stage in ("zero3", "zero2")]
+    failure = failed_run(runs)
+    if failure:
+        return failure
+    zero3, zero2 = ({key: value for step in run.steps for key, value in step.items()
+                     if key.startswith(("loss", "kl/", "grad_norm", "entropy/mean"))} for run in runs)
+    apart = {key: (zero3[key], zero2[key]) for key in zero3
+             if abs(zero3[key] - zero2[key]) > tolerance * max(abs(zero3[key]), abs(zero2[key]), 1e-8)}
+    lengths = [(round(step["response_length/mean"], 1), step["response_length/max"]) for step in runs[0].steps]
+    unequal = any(mean < longest for mean, longest in lengths)
+    return Findings(not apart and unequal, f"{backend}; response lengths (mean, max) {lengths}; ZeRO-3 vs ZeRO-2 "
+                               + (f"apart: {apart}" if apart else f"agree on {sorted(zero3)}") + f"; {measured(runs[0])}",
+                    runs, {"apart": apart})
+
+
 def outcome(run: TrainRun, text: str) -> str:
     if run.returncode == 0 and run.steps:
         return "trains"
@@ -399,7 +434,9 @@ def logprobs(sizes: Sizes, out: Path, work: Path) -> Findings:
             tokens[row, : len(response)] = torch.tensor(response, device=sizes.device)
             real[row, : len(response)] = 1
         sampled = sampler_logprobs(model, ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0), tokens)
-        trained, _ = response_logprobs(model, ids, mask, tokens, real, group_size=g, with_entropy=False)
+        # each prompt's G responses in a row, as the trainer lays a group out
+        rows_prompt = torch.arange(len(prompts), device=sizes.device).repeat_interleave(g)
+        trained, _ = response_logprobs(model, ids, mask, tokens, real, prompt_index=rows_prompt, with_entropy=False)
     figures = {key: float(value) for key, value in sampler_mismatch(trained, sampled, real).items()}
     return Findings(True, f"{sizes.model_dtype}, {int(real.sum())} sampled tokens: "
                           + ", ".join(f"{k} {v:.3g}" for k, v in figures.items()), figures=figures)
@@ -431,8 +468,8 @@ def peak_vs_plan(sizes: Sizes, out: Path, work: Path) -> Findings:
     return Findings(bool(figures), "; ".join(lines) or "no finished training run to compare", figures=figures)
 
 
-PARTS = {part.__name__: part for part in (device, zero3_lora_resume, vocab152k_2k, dapo_dynamic_sampling, dtypes,
-                                          memory_phases, logprobs, peak_vs_plan)}
+PARTS = {part.__name__: part for part in (device, zero3_lora_resume, zero3_two_ranks, vocab152k_2k,
+                                          dapo_dynamic_sampling, dtypes, memory_phases, logprobs, peak_vs_plan)}
 
 
 def main() -> None:

@@ -126,3 +126,29 @@ def test_kl_to_the_reference_is_exactly_zero_at_step_1_under_bf16(tmp_path, dtyp
 @pytest.mark.parametrize(("dtype", "precision"), ALLOWED)
 def test_kl_to_the_reference_is_exactly_zero_at_step_1_everywhere(tmp_path, dtype, precision, stage, lora):
     assert first_step_kl(tmp_path, dtype, precision, stage, lora) == 0.0
+
+
+def engine_sums(stage: int, grad_dtype: str) -> tuple[torch.dtype, torch.dtype, int]:
+    """(the dtype DeepSpeed reduces gradients in, the dtype it accumulates them in, the ZeRO stage it runs) of the
+    policy engine under deepspeed.precision=bf16, built on this process."""
+    cfg, _ = compose_config(overrides("float32", "bf16", stage, "full"))
+    ds = DeepSpeedConfig(stage=stage, precision="bf16", grad_dtype=grad_dtype)
+    sizes = dict(micro_batch_size=2, max_grad_norm=1.0, world_size=1)
+    with in_process_training():
+        dist.init_distributed("gloo")
+        _, model = load_model(cfg.model, cfg.seed, partitioned_loading(ds, **sizes))
+        engine = build_policy_engine(model, build_optimizer(model, cfg.trainer), ds, **sizes)
+        return engine.communication_data_type, engine.get_data_types()[1], engine.zero_optimization_stage()
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_bf16_gradients_are_reduced_and_accumulated_in_fp32(stage):
+    """deepspeed.grad_dtype=fp32 (the default): DeepSpeed reduces across ranks and accumulates across micro-batches in
+    fp32 (its bf16 default rounds every partial sum to 8 bits; scripts/bf16_grad_sums.py measures the difference);
+    at stage 0 DeepSpeed's ZeRO-1 bf16 optimizer, the one that keeps fp32 gradients, runs."""
+    assert engine_sums(stage, "fp32") == (torch.float32, torch.float32, max(stage, 1))
+
+
+def test_grad_dtype_bf16_keeps_deepspeeds_bf16_sums():
+    assert engine_sums(2, "bf16") == (torch.bfloat16, torch.bfloat16, 2)
+    assert engine_sums(0, "bf16")[2] == 0

@@ -73,3 +73,30 @@ def test_the_packed_activation_part_is_what_autograd_saves(dtype, elem):
     saved, head = saved_bytes(dtype, checkpointing=False, packed=True)  # sdpa: each prompt once, its rows after it
     part = P.activations(ARCH, GROUPS * GROUP_SIZE, GROUPS, PROMPT, RESPONSE, elem, False, packed="shared")
     assert part.bytes == pytest.approx(saved - head, rel=0.04)
+
+
+def test_the_packed_mask_is_counted_as_each_attention_builds_it():
+    """transformers builds an [S, S] mask over a packed pass from its positions: a bool one held under sdpa, one in
+    the training dtype under eager, none under flash-attention (it gets the rows' boundaries); the build's own peak
+    counts where it outweighs the pass's activations (P.packed_mask_bytes)."""
+    rows = GROUPS * GROUP_SIZE
+    tokens = rows * (PROMPT + RESPONSE - 1)  # each row with its prompt (flash, eager)
+    parts = {kind: P.activations(ARCH, rows, GROUPS, PROMPT, RESPONSE, 2, False, packed=kind).bytes
+             for kind in ("flash", "eager")}
+    assert parts["eager"] - parts["flash"] == tokens * tokens * 2
+    # a one-layer model 8 wide: the mask's build (5 bytes per position pair) is the pass's peak
+    thin = Architecture(vocab_size=VOCAB, hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4,
+                        intermediate_size=8, tie_word_embeddings=True, qkv_bias=False, max_position_embeddings=512,
+                        context_length=512)
+    shared = P.activations(thin, rows, GROUPS, PROMPT, RESPONSE, 2, False, packed="shared")
+    assert shared.bytes == 5 * (GROUPS * PROMPT + rows * (RESPONSE - 1)) ** 2
+
+
+@pytest.mark.parametrize("attention, kind", [("sdpa", "shared"), ("eager", "eager"),
+                                             ("flash_attention_2", "flash"), ("flash_attention_3", "flash")])
+def test_the_plan_packs_as_the_attention_implementation_does(attention, kind):
+    from support.config import train_config
+    from tokenpo.plan.memory import packing
+
+    cfg = train_config("model=tiny", "trainer.pack_sequences=true", f"model.attn_implementation={attention}")
+    assert packing(cfg) == kind

@@ -4,55 +4,20 @@ calls into vLLM is what a GPU's memory depends on, and vLLM's CPU build has no s
 from __future__ import annotations
 
 import dataclasses
-import sys
-import types
 
 import pytest
 import torch
 
+from support import fake_vllm as fake_vllm_module
 from support.config import train_config
 from tokenpo.models.loading import load_model
 from tokenpo.rollout.vllm_engine import VLLMEngine
 
 
-class FakeLLM:
-    """Records the engine's calls into vLLM's LLM, in order, into `calls`."""
-
-    calls: list = []
-
-    def __init__(self, **kwargs) -> None:
-        self.calls.append(("LLM", kwargs))
-
-    def sleep(self, level: int = 1) -> None:
-        self.calls.append(("sleep", level))
-
-    def wake_up(self, tags=None) -> None:
-        self.calls.append(("wake_up", tags))
-
-    def apply_model(self, function) -> None:
-        class Model:
-            def load_weights(model_self, weights):
-                self.calls.append(("load_weights", len(list(weights))))
-        function(Model())
-
-    def reset_prefix_cache(self) -> None:
-        self.calls.append(("reset_prefix_cache",))
-
-
 @pytest.fixture
 def fake_vllm(monkeypatch) -> list:
-    """A `vllm` module whose platform is a GPU with sleep mode; returns the list its calls go to."""
-    platform = types.SimpleNamespace(is_cpu=lambda: False, is_sleep_mode_available=lambda: True)
-    vllm = types.ModuleType("vllm")
-    vllm.LLM = FakeLLM
-    platforms = types.ModuleType("vllm.platforms")
-    platforms.current_platform = platform
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
-    calls: list = []
-    monkeypatch.setattr(FakeLLM, "calls", calls)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(("empty_cache",)))
-    return calls
+    """The stand-in `vllm` module (a GPU with sleep mode); the list its calls go to."""
+    return fake_vllm_module.install(monkeypatch)
 
 
 def engine(*overrides: str) -> tuple[VLLMEngine, torch.nn.Module]:

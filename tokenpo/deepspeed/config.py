@@ -24,6 +24,14 @@ class DeepSpeedConfig:
         "Most ZeRO-3 parameter elements gathered at once while training (DeepSpeed's default: 1e9)")
     backend: str = setting("auto", "Backend for several processes: auto = nccl with GPUs, gloo on CPU",
         choices=("auto", "nccl", "gloo"), requirement="auto, nccl or gloo")
+    grad_dtype: str = setting("fp32",
+        "Under precision=bf16, the dtype gradients are summed in, across processes (the reduction) and across "
+        "micro-batches (the accumulation): fp32 | bf16. fp32, as verl's FSDP reduces: each sum exact to fp32 "
+        "rounding, for an fp32 gradient buffer (4 bytes a trained parameter; a 1/world partition at ZeRO 2-3) and "
+        "twice bf16's reduction traffic; at ZeRO 0 DeepSpeed offers it only through its ZeRO-1 bf16 optimizer, "
+        "which tokenpo then runs (with one process it partitions nothing). bf16: DeepSpeed's default, every partial "
+        "sum rounded to bf16's 8 significant bits (docs/distributed.md measures the difference). No effect in fp32",
+        choices=("fp32", "bf16"), requirement="fp32 or bf16")
 
     def validate(self) -> None:
         check_fields(self, "deepspeed")
@@ -32,6 +40,18 @@ class DeepSpeedConfig:
         require(not self.offload_optimizer or self.stage != 0, "deepspeed.offload_optimizer needs deepspeed.stage >= 1")
         require(not self.overlap_comm or self.stage == 2,
                 "deepspeed.overlap_comm is only supported with deepspeed.stage=2")
+
+
+    @property
+    def fp32_grad_sums(self) -> bool:
+        """Gradients reduced and accumulated in fp32 although the model trains in bf16 (grad_dtype)."""
+        return self.precision == "bf16" and self.grad_dtype == "fp32"
+
+    @property
+    def engine_stage(self) -> int:
+        """The ZeRO stage DeepSpeed runs: `stage`, but 1 for stage 0 with fp32 gradient sums under bf16 (DeepSpeed
+        refuses fp32 gradient accumulation beside bf16 weights without ZeRO; its ZeRO-1 bf16 optimizer keeps them)."""
+        return 1 if self.stage == 0 and self.fp32_grad_sums else self.stage
 
 
 def check_precision(model_dtype: str, precision: str) -> None:
@@ -50,7 +70,7 @@ def check_precision(model_dtype: str, precision: str) -> None:
 def engine_json(cfg: DeepSpeedConfig, *, micro_batch_size: int, world_size: int, max_grad_norm: float) -> dict:
     """DeepSpeed's own config dict. Accumulation is caller-owned: every `engine.step()` is a boundary,
     so a step may hold any number of micro-batches and the loss normaliser stays global."""
-    zero: dict = {"stage": cfg.stage, "reduce_bucket_size": cfg.reduce_bucket_size, "overlap_comm": cfg.overlap_comm}
+    zero: dict = {"stage": cfg.engine_stage, "reduce_bucket_size": cfg.reduce_bucket_size, "overlap_comm": cfg.overlap_comm}
     if cfg.stage == 3:
         zero["stage3_prefetch_bucket_size"] = cfg.stage3_prefetch_bucket_size
         zero["stage3_max_live_parameters"] = cfg.stage3_max_live_parameters
@@ -67,6 +87,9 @@ def engine_json(cfg: DeepSpeedConfig, *, micro_batch_size: int, world_size: int,
         "gradient_clipping": max_grad_norm,
         "zero_optimization": zero,
         "bf16": {"enabled": cfg.precision == "bf16"},
+        # under bf16, DeepSpeed otherwise reduces and accumulates gradients in bf16 (deepspeed.grad_dtype)
+        **({"communication_data_type": "fp32", "data_types": {"grad_accum_dtype": "fp32"}}
+           if cfg.fp32_grad_sums else {}),
         # a torch AdamW is passed in: no JIT-built DeepSpeed optimizer, also under offload
         "zero_force_ds_cpu_optimizer": False,
         "zero_allow_untested_optimizer": True,

@@ -24,7 +24,7 @@ from tokenpo.progress import progress
 from tokenpo.rewards import CORRECT, AnswerSpec, RewardConfig, RewardScorer, Scorer, answer_spec, count_verdicts
 from tokenpo.rewards.numbers import parse_answer_number
 from tokenpo.rollout.config import RolloutConfig
-from tokenpo.rollout.engine import Responses, SamplingParams
+from tokenpo.rollout.engine import Responses, SamplingParams, seeded_generator
 
 GenerateFn = Callable[[list[list[int]], SamplingParams, torch.Generator], Responses]
 
@@ -128,7 +128,7 @@ def evaluate(task: EvalTask, sampler: Sampler, scorer: Scorer, seed: int) -> Eva
     """Metrics and per-problem records (every rank's) of `task`; sampled responses depend on `seed` and the rank."""
     rank, world = dist.rank(), dist.world_size()
     mine = list(range(rank, len(task.examples), world))
-    generator = torch.Generator(device=dist.device()).manual_seed(seed * 1_000_003 + rank)
+    generator = seeded_generator(seed * 1_000_003 + rank, dist.device())
     records = [ProblemRecord(task.examples[i].uid, task.examples[i].problem, task.examples[i].answer) for i in mine]
     for kind, params in task.protocols():
         # rank 0's share on a terminal: responses done / total, rate, time left

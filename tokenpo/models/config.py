@@ -136,3 +136,23 @@ class ModelConfig:
 
 def model_config_from_dict(d: dict) -> ModelConfig:
     return build(ModelConfig, d, "model")
+
+
+# "LoRA Without Regret" (Schulman et al., 2025): LoRA's best learning rate is about this many times full fine-tuning's
+LORA_LR_FACTOR = 10
+
+
+def lora_lr_note(experiment: str | None, rank: int, lr: float, lr_set_by_user: bool) -> str | None:
+    """The start-up line of a paper setup (experiment=paper/...) run with LoRA at the setup's full-fine-tuning
+    learning rate, which tokenpo does not raise by itself (docs/lora.md); None otherwise."""
+    if rank <= 0 or lr_set_by_user or not (experiment or "").startswith("paper/"):
+        return None
+    return (f"experiment={experiment} with model.lora.rank={rank} keeps the setup's full-fine-tuning trainer.lr={lr:g}; "
+            f"LoRA's best is about {LORA_LR_FACTOR}x full fine-tuning's (LoRA Without Regret; docs/lora.md): set "
+            f"trainer.lr={LORA_LR_FACTOR * lr:g} to follow it")
+
+
+def is_flash_attention(implementation: str) -> bool:
+    """Whether transformers runs `implementation` (model.attn_implementation) with flash-attention's kernels
+    (flash_attention_2, flash_attention_3, a kernels-hub flash-attn)."""
+    return "flash" in implementation

@@ -14,15 +14,20 @@ from typing import NamedTuple
 from tokenpo import algorithms as alg
 from tokenpo.config import TrainConfig
 from tokenpo.errors import ConfigError
+from tokenpo.models.config import is_flash_attention
 from tokenpo.plan import parts as P
 from tokenpo.plan.architecture import Architecture, model_architecture, num_parameters
 from tokenpo.plan.units import format_bytes, parse_bytes
 from tokenpo.rollout.config import DEFAULT_MEMORY_SHARE, RolloutConfig, VLLMConfig, vllm_sizing
+from tokenpo.schema import require
 
 log = logging.getLogger("tokenpo")
 
 # prompt length assumed when data.max_prompt_tokens does not cap it and the caller does not know it
 DEFAULT_PROMPT_TOKENS = 512
+# free device memory left beside vLLM's share when the share is taken from what is free: the trainer's and vLLM's own
+# allocations after the measurement (the CUDA graphs' pool, NCCL buffers, the allocator's rounding)
+VLLM_START_MARGIN = 2**30
 # the linear layers of a decoder layer, as PEFT's "all-linear" finds them (the output layer excluded)
 LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -165,14 +170,16 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
     lora = lora_rank(cfg) > 0
     trainable = lora_parameters(arch, cfg) if lora else params
     offload_opt = deepspeed.offload_optimizer
+    stage = deepspeed.engine_stage  # what DeepSpeed runs (ZeRO-1 for ZeRO-0 with fp32 gradient sums under bf16)
+    grad_elem = P.FP32 if deepspeed.fp32_grad_sums else elem
     parts = [
         P.runtime(device),
         P.policy_weights(params + (trainable if lora else 0), elem, deepspeed.stage, world, deepspeed.offload_param),
         # a reduce bucket never holds more than the gradients it reduces
-        P.gradients(trainable, elem, deepspeed.stage, world,
-                    min(deepspeed.reduce_bucket_size, trainable) if deepspeed.stage >= 2 else 0),
-        P.optimizer_states(trainable, deepspeed.stage, world, offload_opt),
-        P.master_weights(trainable, deepspeed.stage, world, deepspeed.precision, offload_opt),
+        P.gradients(trainable, grad_elem, stage, world,
+                    min(deepspeed.reduce_bucket_size, trainable) if stage >= 2 else 0),
+        P.optimizer_states(trainable, stage, world, offload_opt),
+        P.master_weights(trainable, stage, world, deepspeed.precision, offload_opt),
         P.reference_weights(params, elem, deepspeed.stage, world, alg.needs_reference(cfg.algorithm), lora),
     ]
     rollout = cfg.rollout
@@ -187,7 +194,7 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
     head = P.head_chunks(arch, shapes.micro_rows * shapes.new_tokens, cfg.trainer.logit_chunk_tokens,
                          cfg.trainer.recompute_head, alg.needs_entropy_grad(cfg.algorithm))
     parts += [activations, head]
-    if deepspeed.stage == 0 and shapes.micro_batches == 1:
+    if stage == 0 and shapes.micro_batches == 1:
         # one backward per optimizer step: its gradients replace the activations layer by layer (P.gradients_in_backward)
         at = next(i for i, part in enumerate(parts) if part.name == "gradients")
         output_layer = 0 if lora else arch.vocab_size * arch.hidden_size * elem
@@ -203,10 +210,13 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
 
 def packing(cfg: TrainConfig) -> str | None:
     """How the update's passes are packed (tokenpo.models.logprobs._packed_hidden): none, each prompt once with its
-    rows (`shared`, sdpa) or each row with its prompt (`rows`)."""
+    rows (`shared`, sdpa), or each row with its prompt under flash-attention (`flash`) or eager attention (`eager`)."""
     if not cfg.trainer.pack_sequences:
         return None
-    return "shared" if cfg.model.attn_implementation == "sdpa" else "rows"
+    implementation = cfg.model.attn_implementation
+    if implementation == "sdpa":
+        return "shared"
+    return "flash" if is_flash_attention(implementation) else "eager"
 
 
 def vllm_part(v: VLLMConfig, arch: Architecture, shapes: Shapes, params: int, model_elem: int, others: list[P.Part],
@@ -226,24 +236,54 @@ def vllm_part(v: VLLMConfig, arch: Architecture, shapes: Shapes, params: int, mo
 
 
 def with_vllm_share(cfg: TrainConfig, world: int) -> RolloutConfig:
-    """cfg.rollout, with vLLM's gpu_memory_utilization null filled in on CUDA by the plan's share: the bytes of the
-    plan's vLLM part (what the other parts leave it) as a fraction of the device, vLLM's unit, rounded down.
-    Unchanged for another engine, a share that is set, no CUDA device, or no plan (no config.json)."""
+    """cfg.rollout, with vLLM's gpu_memory_utilization as vLLM can start with it on this CUDA device now (called just
+    before the engine starts, once the trainer has loaded). vLLM refuses to start unless the device's free memory is at
+    least its share x the device (vLLM 0.32's worker checks it at start-up); what is free is measured here
+    (torch.cuda.mem_get_info) and VLLM_START_MARGIN is kept back from it for the allocations after that look.
+
+    A share that is set must fit in what is free: else one line names the free memory, the share asked and the key.
+    A null share is the plan's (the bytes of its vLLM part, what the other parts leave, as a fraction of the device,
+    vLLM's unit, rounded down), lowered to what is free, and refused in one line when that cannot hold vLLM's weights
+    and one sequence's KV cache. Unchanged for another engine or without a CUDA device."""
     rollout = cfg.rollout
-    if rollout.engine != "vllm" or rollout.vllm.gpu_memory_utilization is not None:
+    if rollout.engine != "vllm":
         return rollout
-    total = cuda_memory()
-    if total is None:
+    memory = cuda_free_memory()
+    if memory is None:
+        return rollout
+    free, total = memory
+    startable = max(0.0, math.floor(1000 * (free - VLLM_START_MARGIN) / total) / 1000)
+    asked = rollout.vllm.gpu_memory_utilization
+    state = (f"{format_bytes(free)} of the device's {format_bytes(total)} is free now that the trainer has loaded "
+             f"(vLLM starts only when the free memory covers its share; {format_bytes(VLLM_START_MARGIN)} kept back)")
+    if asked is not None:
+        require(asked <= startable, f"rollout.vllm.gpu_memory_utilization={asked} asks vLLM for "
+                                    f"{format_bytes(int(asked * total))}, but {state}: set it at most {startable}, or "
+                                    f"null for the plan's share within what is free")
         return rollout
     try:
         plan = build_plan(cfg, world, memory_limit(cfg), suggest=False, device="cuda")
+        least = vllm_bytes(build_plan(cfg, world, None, suggest=False, device="cuda"))
     except ConfigError as err:
-        log.warning("vLLM's memory share: not planned (%s); gpu_memory_utilization %s", err, DEFAULT_MEMORY_SHARE)
-        return rollout
-    budget = next(part.bytes for part in plan.parts if part.name == "rollout (vllm)")
-    share = min(1.0, math.floor(1000 * budget / total) / 1000)
-    log.info("vLLM's memory share: gpu_memory_utilization %s (%s of %s: what the plan's other parts leave)", share,
-             format_bytes(budget), format_bytes(total))
+        log.warning("vLLM's memory share: not planned (%s); gpu_memory_utilization %s, at most %s free", err,
+                    DEFAULT_MEMORY_SHARE, startable)
+        return replace_share(rollout, min(DEFAULT_MEMORY_SHARE, startable))
+    planned = min(1.0, math.floor(1000 * vllm_bytes(plan) / total) / 1000)
+    share = min(planned, startable)
+    require(share * total >= least, f"vLLM needs {format_bytes(least)} (its weights and one sequence's KV cache) but "
+                                    f"{state}: free memory (a smaller micro-batch, ZeRO stage or offload; "
+                                    f"`python -m tokenpo.plan`) or set rollout.vllm.kv_cache_gib / gpu_memory_utilization")
+    log.info("vLLM's memory share: gpu_memory_utilization %s (%s of %s: what the plan's other parts leave%s)", share,
+             format_bytes(int(share * total)), format_bytes(total),
+             "" if share == planned else f", lowered from {planned} to what is free: {format_bytes(free)}")
+    return replace_share(rollout, share)
+
+
+def vllm_bytes(plan: MemoryPlan) -> int:
+    return next(part.bytes for part in plan.parts if part.name == "rollout (vllm)")
+
+
+def replace_share(rollout: RolloutConfig, share: float) -> RolloutConfig:
     return dataclasses.replace(rollout, vllm=dataclasses.replace(rollout.vllm, gpu_memory_utilization=share))
 
 
@@ -363,6 +403,15 @@ def cuda_memory() -> int | None:
     if not torch.cuda.is_available():
         return None
     return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+
+
+def cuda_free_memory() -> tuple[int, int] | None:
+    """(free, total) bytes of this process's CUDA device now, or None without one."""
+    if cuda_memory() is None:
+        return None
+    import torch
+
+    return torch.cuda.mem_get_info()
 
 
 def device_type() -> str:

@@ -3,10 +3,13 @@
 Conventions (per process, `world` processes in all; Ψ = parameters; d = bytes of a training-precision element):
 - DeepSpeed casts the policy to bf16 under deepspeed.precision=bf16 (d = 2), else keeps model.dtype.
 - ZeRO 0, fp32: torch's AdamW on the parameters: exp_avg + exp_avg_sq = 8Ψ, no master copy.
-  ZeRO 0, bf16: DeepSpeed's FP16_Optimizer (bf16 wrapper): a full fp32 master copy 4Ψ and its fp32 gradient 4Ψ.
+  ZeRO 0, bf16 with deepspeed.grad_dtype=bf16: DeepSpeed's FP16_Optimizer (bf16 wrapper): a full fp32 master copy
+  4Ψ and its fp32 gradient 4Ψ. With grad_dtype=fp32 (the default) DeepSpeed runs ZeRO-1 instead (the stage passed
+  here is DeepSpeedConfig.engine_stage).
   ZeRO 1-3: DeepSpeed's ZeRO optimizers always keep an fp32 copy of this rank's partition (4Ψ/world, also when
   training in fp32) and an fp32 gradient of it at the step (4Ψ/world); Adam's two states are 8Ψ/world.
-- Gradients in d bytes: full at ZeRO 0-1, this rank's partition at ZeRO 2-3 plus one reduce bucket.
+- Gradients in d bytes, or 4 under bf16 with fp32 gradient sums (deepspeed.grad_dtype): full at ZeRO 0-1, this
+  rank's partition at ZeRO 2-3 plus one reduce bucket.
 - Parameters: full at ZeRO 0-2, this rank's partition at ZeRO 3 plus the gathered layers (gather buffers).
 - Offload moves the optimizer's parts (offload_optimizer) or the parameters (offload_param) to host memory.
 A memory part belongs to a phase: `always` (held the whole run), `generation` (rollouts) or `update` (the
@@ -176,6 +179,19 @@ def final_norm_bytes(arch: Architecture, tokens: int, elem: int) -> int:
     return tokens * arch.hidden_size * (FP32 + elem)
 
 
+def packed_mask_bytes(packed: str, tokens: int, elem: int) -> tuple[int, int]:
+    """(held through the pass, peak while it is built) of transformers' mask over a packed pass of `tokens` positions,
+    which it builds once per pass from the restarting positions (masking_utils.create_causal_mask), as measured with
+    torch.profiler on CPU (transformers 5.25, 2048 positions): sdpa a bool [S, S] held, 5.0 S² bytes at its build
+    (unused by segment_attention, which attends group by group); eager the mask in the training dtype, S² x elem
+    held, 11.0 S² at fp32 while it is built (5 S² of bool operands, then its float form); flash-attention none."""
+    if packed == "flash":
+        return 0, 0
+    if packed == "eager":
+        return tokens * tokens * elem, 5 * tokens * tokens + int(1.5 * tokens * tokens * elem)
+    return tokens * tokens, 5 * tokens * tokens
+
+
 def activations(arch: Architecture, rows: int, groups: int, prompt_tokens: int, new_tokens: int, elem: int,
                 checkpointing: bool, packed: str | None = None) -> Part:
     """The largest micro-batch's forward/backward (tokenpo.models.logprobs.response_token_hidden_states).
@@ -188,10 +204,10 @@ def activations(arch: Architecture, rows: int, groups: int, prompt_tokens: int, 
     while that layer is recomputed in the backward pass.
 
     Packed (trainer.pack_sequences) runs one sequence: `shared` (sdpa) each prompt once and its rows' responses, as
-    many tokens as the shared-prompt pass, `rows` (flash-attention, eager) each row with its prompt, rows x
-    (P + T - 1) tokens. Attention runs prompt by prompt and row by row, each row's output kept apart from the
-    concatenated one (one more query-wide tensor per token), beside transformers' [S, S] bool packed-sequence mask,
-    built once per pass (unused by sdpa's and flash-attention's row-by-row attention).
+    many tokens as the shared-prompt pass, `flash` and `eager` each row with its prompt, rows x (P + T - 1) tokens.
+    Attention runs prompt by prompt and row by row, each row's output kept apart from the concatenated one (one more
+    query-wide tensor per token). Beside it, transformers' packed-sequence mask over the S tokens of the pass
+    (packed_mask_bytes): none under flash-attention, which gets the rows' boundaries instead.
     """
     per_token, layers, h = layer_activation_bytes(arch, elem), arch.num_layers, arch.hidden_size
     response = max(new_tokens - 1, 0)
@@ -206,7 +222,9 @@ def activations(arch: Architecture, rows: int, groups: int, prompt_tokens: int, 
             held = layers * tokens * h * elem + one_layer
         else:
             held = layers * (tokens * per_packed_token + attention_keys_bytes(arch, positions, elem))
-        held += tokens * tokens + final_norm_bytes(arch, tokens, elem)  # the bool mask
+        mask_held, mask_built = packed_mask_bytes(packed, tokens, elem)
+        # the mask is built at the start of the pass, before any activation
+        held = max(held + mask_held + final_norm_bytes(arch, tokens, elem), mask_built)
         return Part("activations", held, UPDATE, f"packed ({packed}): {rows} rows in one sequence of {tokens} tokens"
                                                  f"{', checkpointed' if checkpointing else ''}")
     if checkpointing:

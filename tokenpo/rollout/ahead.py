@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.multiprocessing as mp
 
-from tokenpo.rollout.engine import Responses, SamplingParams
+from tokenpo.rollout.engine import Responses, SamplingParams, seeded_generator
 
 # seconds between looks at the shared version counters (the worker for weights, the trainer for the worker's load)
 POLL_S = 0.002
@@ -68,7 +68,6 @@ def load_shared(model: torch.nn.Module, shared: dict[str, torch.Tensor]) -> None
 def worker_main(settings: WorkerSettings, requests, results, shared: dict[str, torch.Tensor], pushed, loaded) -> None:
     """The generator process: requests in, `Generated` out, until a None request."""
     from tokenpo.models.loading import load_model
-    from tokenpo.rollout.hf import generate_hf
 
     if settings.threads:
         torch.set_num_threads(settings.threads)
@@ -87,9 +86,16 @@ def worker_main(settings: WorkerSettings, requests, results, shared: dict[str, t
                                f"the worker holds {loaded.value} (the trainer pushed past it)")
         waited = time.perf_counter() - waited
         started = time.perf_counter()
-        out = generate_hf(model, request.prompt_ids, request.params, settings.pad_id,
-                          torch.Generator().manual_seed(request.seed), settings.stop_check_every)
+        out = generate_request(model, request, settings)
         results.put(Generated(request.key, out, request.version, waited, time.perf_counter() - started))
+
+
+def generate_request(model: torch.nn.Module, request: GenerateRequest, settings: WorkerSettings) -> Responses:
+    """`request`'s responses from the worker's `model`, drawn from the request's seed on the model's device."""
+    from tokenpo.rollout.hf import generate_hf
+
+    return generate_hf(model, request.prompt_ids, request.params, settings.pad_id,
+                       seeded_generator(request.seed, settings.device), settings.stop_check_every)
 
 
 class AheadGenerator:

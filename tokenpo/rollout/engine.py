@@ -65,6 +65,14 @@ class RolloutEngine(Protocol):
         """Free the engine for good."""
 
 
+def seeded_generator(seed: int, device: torch.device | str) -> torch.Generator:
+    """The random stream a generate call draws from, seeded, on the device the engine's model samples on: sampling
+    draws its numbers on the logits' device, and a CPU generator beside CUDA logits fails at the first sample."""
+    import torch
+
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 ENGINES = Registry("rollout.engine")
 # declared here and registered by their modules, which import transformers or vLLM only when an engine is built
 ENGINES.declare("hf", "tokenpo.rollout.hf")

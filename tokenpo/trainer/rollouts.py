@@ -14,7 +14,7 @@ from tokenpo.data.prompts import capped_prompt_ids
 from tokenpo.deepspeed import dist
 from tokenpo.rewards import CORRECT, GOLD_INVALID, RewardConfig, RewardScorer, count_verdicts, format_reward
 from tokenpo.rollout.config import RolloutConfig
-from tokenpo.rollout.engine import Responses, RolloutEngine, SamplingParams
+from tokenpo.rollout.engine import Responses, RolloutEngine, SamplingParams, seeded_generator
 from tokenpo.trainer.batch import BatchSplit, GroupTokens, MicroBatch, UpdatePlan, pad_groups, update_plan
 from tokenpo.trainer.timings import Timings
 
@@ -105,7 +105,7 @@ class RolloutSource:
         return ((self.seed_base * 100_003 + step) * 101 + round_index) * 1009 + dist.rank()
 
     def generator(self, step: int, round_index: int) -> torch.Generator:
-        return torch.Generator(device=self.device).manual_seed(self.seed(step, round_index))
+        return seeded_generator(self.seed(step, round_index), self.device)
 
     def draw(self, step: int, round_index: int, count: int, sampler, timings: Timings) -> StepRollouts:
         """Round `round_index` of step `step`: `count` prompts from `sampler`, generated now by the engine."""
