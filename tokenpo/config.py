@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from omegaconf import DictConfig, OmegaConf
 
 from tokenpo.algorithms.config import AlgorithmConfig, algorithm_config_from_dict
+from tokenpo.algorithms.inert import inert_on_policy, needs_group
 from tokenpo.data.config import DataConfig, data_config_from_dict, data_keys_under
 from tokenpo.deepspeed.config import DeepSpeedConfig, check_precision
 from tokenpo.evaluation.config import EvalConfig, data_keys
@@ -39,6 +40,25 @@ class TrainConfig:
         Benchmarks are judged by benchmark_reward instead, in training-time eval and `tokenpo.evaluate` alike.
         """
         return resolve(self.reward, data_reward_defaults(data))
+
+    @property
+    def ratios_are_one(self) -> bool:
+        """Whether every importance ratio the loss reads is exactly 1: one update per rollout, generated in turn (or
+        ahead under the decoupled objective, whose ratio is to the policy at the update's start)."""
+        ahead = self.rollout.async_
+        return self.trainer.mini_batches == 1 and (ahead.max_staleness == 0 or ahead.decoupled)
+
+    def inert_components(self) -> str | None:
+        """One line naming the algorithm's settings that cannot act under this run's settings and the key that makes
+        them act (None when every one can)."""
+        if not self.ratios_are_one:
+            return None
+        inert = inert_on_policy(self.algorithm)
+        if not inert:
+            return None
+        return (f"{', '.join(inert)}: inert here, since with trainer.mini_batches=1 the policy trained is the policy "
+                "that sampled and every importance ratio is 1; trainer.mini_batches=2 (or more) makes them act "
+                "(docs/experiments.md)")
 
     def validate_batch(self, world_size: int) -> None:
         """The step's groups must split evenly over ranks and mini-batches (one-line error naming the numbers)."""
@@ -78,7 +98,23 @@ def build_config(tree: DictConfig | dict) -> TrainConfig:
     )
     require_sampler_logprobs(config.algorithm.loss.tis_cap, config.rollout)
     check_precision(config.model.dtype, config.deepspeed.precision)
+    check_group_size(config.algorithm, config.rollout.group_size)
     return config
+
+
+def check_group_size(algorithm: AlgorithmConfig, group_size: int) -> None:
+    """One response per prompt where the advantage or dynamic sampling compares the responses to a prompt: refused,
+    naming the setting (nothing would train, or no group would ever be kept)."""
+    if group_size > 1:
+        return
+    setting = needs_group(algorithm)
+    require(setting is None, f"rollout.group_size=1 with {setting}, which compares each response with the other "
+                             "responses to its prompt: every advantage would be 0 and nothing would train; use "
+                             "rollout.group_size >= 2")
+    require(not algorithm.dynamic_sampling.enabled,
+            "rollout.group_size=1 with algorithm.dynamic_sampling.enabled=true, which keeps only groups with both right "
+            "and wrong answers, and one response per prompt never has both; use rollout.group_size >= 2 or "
+            "algorithm.dynamic_sampling.enabled=false")
 
 
 def validated(cfg):

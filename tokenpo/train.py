@@ -120,6 +120,9 @@ def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
         if same is False:  # another sweep's run: set aside, never resumed
             resume = "none"
     check_inputs(cfg, run_dir)
+    inert = cfg.inert_components()
+    if inert and rank0:
+        log.warning(inert)
     if cfg.trainer.nproc > 1 and world == 1:
         # after the checks that need no torch: counting CUDA devices imports it
         from tokenpo.deepspeed.dist import visible_cuda_devices
