@@ -91,7 +91,7 @@ def build_config(tree: DictConfig | dict) -> TrainConfig:
         data=data,
         reward=reward_config_from_dict(plain["reward"]),
         rollout=rollout_config_from_dict(plain["rollout"]),
-        deepspeed=build(DeepSpeedConfig, plain["deepspeed"], "deepspeed"),
+        deepspeed=with_precision(build(DeepSpeedConfig, plain["deepspeed"], "deepspeed"), plain["model"]),
         logger=build(LoggerConfig, plain["logger"], "logger"),
         eval=build(EvalConfig, plain["eval"], "eval"),
         trainer=build(TrainerConfig, plain["trainer"], "trainer"),
@@ -115,6 +115,14 @@ def check_group_size(algorithm: AlgorithmConfig, group_size: int) -> None:
             "rollout.group_size=1 with algorithm.dynamic_sampling.enabled=true, which keeps only groups with both right "
             "and wrong answers, and one response per prompt never has both; use rollout.group_size >= 2 or "
             "algorithm.dynamic_sampling.enabled=false")
+
+
+def with_precision(deepspeed: DeepSpeedConfig, model: dict) -> DeepSpeedConfig:
+    """deepspeed.precision=auto resolved from the model's dtype: bf16 (fp32 master weights) for bfloat16 weights, fp32
+    otherwise; an explicit value stays (a bf16 model with fp32 is refused by check_precision)."""
+    if deepspeed.precision != "auto":
+        return deepspeed
+    return replace(deepspeed, precision="bf16" if model.get("dtype") == "bfloat16" else "fp32")
 
 
 def validated(cfg):
