@@ -14,6 +14,7 @@ from tokenpo.evaluation.config import EvalConfig, data_keys
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.models.config import ModelConfig, model_config_from_dict
 from tokenpo.rewards.config import RewardConfig, resolve, reward_config_from_dict
+from tokenpo.rewards.weighted import DEFAULT_FUNCTIONS
 from tokenpo.rollout.config import RolloutConfig, require_sampler_logprobs, rollout_config_from_dict
 from tokenpo.schema import build, must_be, require
 from tokenpo.trainer.config import TrainerConfig
@@ -141,6 +142,8 @@ def benchmark_reward(reward: RewardConfig, benchmark: DataConfig) -> RewardConfi
 
     The answer format, pattern and fallback are always the benchmark's data config's (eval.data, or data when
     eval.data is null): explicit reward.* values of them shape the training reward only, so a checkpoint gets one
-    accuracy whatever data it was trained on. reward.fn (the user's verifier), timeout_s and num_workers apply.
+    accuracy whatever data it was trained on. reward.fn (the user's verifier), timeout_s and num_workers apply;
+    reward.functions (the training reward) do not: a benchmark scores the verdict.
     """
-    return replace(reward, **data_reward_defaults(benchmark)).validate()
+    return replace(reward, **data_reward_defaults(benchmark),
+                   functions=[dict(entry) for entry in DEFAULT_FUNCTIONS]).validate()

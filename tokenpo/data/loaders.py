@@ -222,14 +222,14 @@ def table_examples(rows: Iterable[dict], spec: TableSpec, cfg: DataConfig, split
     return examples, report
 
 
-def check_local_files(cfg: DataConfig) -> None:
+def check_local_files(cfg: DataConfig) -> Example | None:
     """Start-up check of data.path, so a bad file stops the run before torch is imported or a model loads: each
     split's file exists and holds rows, its first CHECKED_ROWS rows parse (the first holding the problem and answer
     fields, every problem text), and a file read whole there yields an example. Hub datasets are checked when they
-    load."""
+    load. The training split's first example, where one was read."""
     if cfg.path is None or cfg.loader not in TABLE_SPECS:
-        return
-    spec = TABLE_SPECS[cfg.loader]
+        return None
+    spec, first = TABLE_SPECS[cfg.loader], None
     for which in WHICH:
         split = split_name(cfg, which)
         if split is None:
@@ -242,6 +242,19 @@ def check_local_files(cfg: DataConfig) -> None:
         # a shorter head is the whole file: its load would find nothing to train or evaluate on
         if not examples and len(head) < CHECKED_ROWS:
             raise no_usable_examples(which, report)
+        if which == "train" and examples:
+            first = examples[0]
+    return first
+
+
+def first_example(cfg: DataConfig) -> Example | None:
+    """The training split's first example where start-up reads it anyway or it costs nothing: a local file's (its
+    check, `check_local_files`), a generated split's (the built-in arithmetic); None for a hub dataset, which loads
+    later."""
+    if cfg.loader in TABLE_SPECS:
+        return check_local_files(cfg)
+    examples, _ = get_loader(cfg.loader)(cfg, "train")
+    return examples[0] if examples else None
 
 
 def no_usable_examples(which: str, report: LoadReport) -> ConfigError:

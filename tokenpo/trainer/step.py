@@ -25,12 +25,13 @@ from tokenpo.config import TrainConfig
 from tokenpo.data import PromptSampler
 from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
-from tokenpo.rewards import CORRECT, GOLD_INVALID, RewardConfig
+from tokenpo.rewards import CORRECT, RewardConfig
 from tokenpo.rollout.engine import RolloutEngine
 from tokenpo.models.logprobs import PassTokens
 from tokenpo.trainer.batch import BatchSplit, MicroBatch, UpdatePlan, pad_to
 from tokenpo.trainer.health import HealthMonitor
 from tokenpo.trainer.policy import Policy
+from tokenpo.trainer.scores import response_scores
 from tokenpo.trainer.rollouts import (RolloutSource, StepRollouts, dynamic_sampling_metrics, fill_batch,
                                       format_rewards, mixed_group_ids, rollout_metrics)
 from tokenpo.trainer.timings import Timings
@@ -187,9 +188,10 @@ def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, tim
     # the algorithm's view of the global batch: [N] per sequence, [N, T] per token
     lengths = torch.tensor([len(r) for r in rollouts.response_ids], dtype=torch.long)
     width = max(1, int(lengths.max()))  # T
+    valid, score = response_scores(rollouts.verdicts, rollouts.scores)
     batch = alg.StepBatch(
         correct=torch.tensor([v == CORRECT for v in rollouts.verdicts]),
-        valid=torch.tensor([v != GOLD_INVALID for v in rollouts.verdicts]),
+        valid=valid,
         truncated=torch.tensor(rollouts.truncated),
         in_format=format_rewards(rollouts, run.reward),
         lengths=lengths,
@@ -205,6 +207,7 @@ def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, tim
         old_logp=gather_rows(old_logp, len(lengths), width) if alg.needs_step_logprobs(run.algorithm) else None,
         seed=run.seed,
         step=step,
+        score=score,
     )
     # shaped rewards [N], advantages [N, T], loss masks and normalisers, the algorithm's metrics
     prepared = alg.prepare_step(run.algorithm, batch)
