@@ -325,11 +325,13 @@ def load_split(cfg: DataConfig, which: str, seed: int, tokenizer=None) -> tuple[
 
 
 
-def load_splits(cfg: DataConfig, seed: int, tokenizer=None) -> tuple[list[Example], list[Example]]:
+def load_splits(cfg: DataConfig, seed: int, tokenizer=None,
+                announce: bool = True) -> tuple[list[Example], list[Example]]:
     """(train, eval) examples; a split whose name is null comes back empty, a named split must yield examples.
 
-    Each split's drop counts are logged in one line (a warning when rows were dropped). `tokenizer` counts prompt
-    tokens for data.max_prompt_tokens (see load_split).
+    Each split's drop counts are logged in one line (a warning when rows were dropped) where `announce` (start-up's
+    checks load the data before the trainer does: they leave the lines to it). `tokenizer` counts prompt tokens for
+    data.max_prompt_tokens (see load_split).
     """
     splits = []
     for which in WHICH:
@@ -337,7 +339,8 @@ def load_splits(cfg: DataConfig, seed: int, tokenizer=None) -> tuple[list[Exampl
             splits.append([])
             continue
         examples, report = load_split(cfg, which, seed, tokenizer)
-        logger.log(logging.WARNING if report.dropped else logging.INFO, "data %s: %s", cfg.name, report.summary())
+        if announce:
+            logger.log(logging.WARNING if report.dropped else logging.INFO, "data %s: %s", cfg.name, report.summary())
         if not examples:
             raise no_usable_examples(which, report)
         splits.append(examples)

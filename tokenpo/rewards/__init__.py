@@ -19,6 +19,7 @@ from tokenpo.rewards.verdicts import (
     TIMEOUT,
     VERDICTS,
     WRONG,
+    correct_counts,
     count_verdicts,
 )
 
@@ -38,6 +39,7 @@ __all__ = [
     "RewardScorer",
     "Scorer",
     "answer_spec",
+    "correct_counts",
     "count_verdicts",
     "extract_answer",
     "format_reward",

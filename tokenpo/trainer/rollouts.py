@@ -37,6 +37,8 @@ class StepRollouts:
     generated_groups: int = 0  # groups generated over all rounds
     generated_tokens: int = 0  # response tokens generated over all rounds, kept or filtered out (all ranks)
     mixed_groups: int = 0  # generated groups that passed the filter (all of them without dynamic sampling)
+    drawn_correct: int = 0  # responses generated over all rounds, kept or filtered out, judged correct
+    drawn_judged: int = 0  # of those responses, the ones whose gold answer parses
     filled_groups: int = 0  # all-equal groups added to reach prompts_per_step (on_exhausted: fill)
     dropped_groups: int = 0  # mixed groups left out: beyond prompts_per_step, or the uneven rest (keep_partial)
     exhausted: bool = False  # max_gen_batches rounds found fewer mixed groups than prompts_per_step
@@ -177,6 +179,7 @@ def fill_batch(mixed: StepRollouts, rest: StepRollouts, needed: int, on_exhauste
     filled = needed - found if exhausted and on_exhausted == "fill" else 0
     batch = StepRollouts(rounds=mixed.rounds, generated_groups=mixed.generated_groups,
                          generated_tokens=mixed.generated_tokens, mixed_groups=found,
+                         drawn_correct=mixed.drawn_correct, drawn_judged=mixed.drawn_judged,
                          filled_groups=filled, dropped_groups=found - kept, exhausted=exhausted)
     for i in range(kept):
         batch.extend(mixed.group(i))

@@ -1,5 +1,6 @@
-"""The step's responses as the algorithm reads their rewards: which ones train (`valid`) and their score (the
-weighted sum of reward.functions, tokenpo.rewards.weighted)."""
+"""The step's responses as the algorithm reads their rewards (which ones train, `valid`, and their score: the
+weighted sum of reward.functions, tokenpo.rewards.weighted), and the correctness of every response drawn, the one
+training metric that no algorithm shapes or filters."""
 
 from __future__ import annotations
 
@@ -16,3 +17,10 @@ def response_scores(verdicts: list[str], scores: list[float | None]) -> tuple[to
         return torch.tensor([v != GOLD_INVALID for v in verdicts]), None
     return (torch.tensor([s is not None for s in scores]),
             torch.tensor([0.0 if s is None else s for s in scores], dtype=torch.float32))
+
+
+def drawn_metrics(rollouts) -> dict[str, float]:
+    """`accuracy/drawn`: the fraction of every response the step generated (all dynamic-sampling rounds, kept or
+    filtered out) judged correct, of those whose gold parses: the unshaped correctness, comparable across algorithms
+    (`accuracy` and `reward/mean` are the trained batch's, after dynamic sampling's filter and the shaping)."""
+    return {"accuracy/drawn": rollouts.drawn_correct / rollouts.drawn_judged if rollouts.drawn_judged else 0.0}
