@@ -124,7 +124,7 @@ def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
     check_inputs(cfg, run_dir)
     inert = cfg.inert_components()
     if inert and rank0:
-        log.warning(inert)
+        log.info(inert)
     if cfg.trainer.nproc > 1 and world == 1:
         # after the checks that need no torch: counting CUDA devices imports it
         from tokenpo.deepspeed.dist import visible_cuda_devices

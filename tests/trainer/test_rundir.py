@@ -93,5 +93,5 @@ def test_a_rerun_in_the_same_dir_keeps_the_earlier_run(tmp_path):
     assert yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())["seed"] == 3
     assert yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]["run"]["dir"] == str(run_dir)
     log = (run_dir / "train.log").read_text()
-    assert log.startswith("earlier log\n") and "step 1 |" in log
+    assert log.startswith("earlier log\n") and "step 1/1 |" in log
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 1
