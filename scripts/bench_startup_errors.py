@@ -78,8 +78,8 @@ def cases(tmp: Path) -> list[tuple[str, list[str], dict]]:
         # issue 42: setups that can never work, rewards that fail on a sample, keys that do not exist
         ("group_size=1 with GRPO's estimator", [*tiny, "rollout.group_size=1"], {}),
         ("group_size=1 with dynamic sampling", [*tiny, "algorithm=dapo", "rollout.group_size=1",
-                                                "algorithm.advantage.estimator=gtpo", "algorithm.advantage.scope=batch"],
-         {}),
+                                                "algorithm.advantage.estimator=gtpo",
+                                                "algorithm.advantage.scope=batch"], {}),
         ("group_size=1 in a sweep's later job", ["-m", *tiny, "rollout.group_size=4,1"], {}),
         ("reward.fn returns a string", [*tiny, "reward.fn=os.path:join"], {}),
         ("reward.functions entry raises", [*tiny, "reward.functions=[{fn: correctness}, {fn: 'os.path:join'}]"], {}),

@@ -174,7 +174,8 @@ def short_help(conf_dir: str) -> str:
 RL fine-tuning on math problems. Every setting is an override of the composed config (README, 'Everyday use').
 
   --explain KEY    a key's help (meaning, unit, paper value), type, default, rule and value in this run, e.g.
-                   --explain algorithm.loss.clip_high algorithm=dapo; a group or section lists its keys: --explain rollout
+                   --explain algorithm.loss.clip_high algorithm=dapo; a group or section lists its keys:
+                   --explain rollout
   --cfg job        print the composed config under the overrides that follow (-p GROUP: one group)
   --info           Hydra's view of the config: search path, defaults tree
   -m               a sweep: one job per value of each key=a,b (python -m tokenpo.compare reads its folder)
@@ -194,7 +195,8 @@ def normalize_hydra_flags(argv: list[str]) -> list[str]:
     for i, arg in enumerate(argv):
         out.append(arg)
         following = argv[i + 1] if i + 1 < len(argv) else None
-        if arg == "--info" and following is not None and following not in INFO_CHOICES and not following.startswith("-"):
+        override = following is not None and not following.startswith("-")
+        if arg == "--info" and override and following not in INFO_CHOICES:
             out.append("all")
         elif arg in ("--cfg", "-c") and (following is None or following not in CFG_CHOICES):
             out.append("job")

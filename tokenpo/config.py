@@ -113,8 +113,8 @@ def check_group_size(algorithm: AlgorithmConfig, group_size: int) -> None:
                              "responses to its prompt: every advantage would be 0 and nothing would train; use "
                              "rollout.group_size >= 2")
     require(not algorithm.dynamic_sampling.enabled,
-            "rollout.group_size=1 with algorithm.dynamic_sampling.enabled=true, which keeps only groups with both right "
-            "and wrong answers, and one response per prompt never has both; use rollout.group_size >= 2 or "
+            "rollout.group_size=1 with algorithm.dynamic_sampling.enabled=true, which keeps only groups with both "
+            "right and wrong answers, and one response per prompt never has both; use rollout.group_size >= 2 or "
             "algorithm.dynamic_sampling.enabled=false")
 
 

@@ -268,8 +268,9 @@ def needs_reference(cfg: AlgorithmConfig) -> bool:
 def needs_entropy(cfg: AlgorithmConfig) -> bool:
     """Whether the old policy's per-token entropy must be kept for the advantage (its estimator, or the
     entropy-based advantage term), the KL mask or a step-wide 80/20 selection."""
-    return bool(ADVANTAGES.trait(cfg.advantage.estimator, "needs_entropy")) or cfg.advantage.entropy_bonus_alpha > 0 or (
-        masked_kl_reads_entropy(cfg.loss)) or (cfg.loss.entropy_top_frac is not None and cfg.loss.selection_scope == "step")
+    return (bool(ADVANTAGES.trait(cfg.advantage.estimator, "needs_entropy")) or cfg.advantage.entropy_bonus_alpha > 0
+            or masked_kl_reads_entropy(cfg.loss)
+            or (cfg.loss.entropy_top_frac is not None and cfg.loss.selection_scope == "step"))
 
 
 def needs_step_logprobs(cfg: AlgorithmConfig) -> bool:

@@ -66,7 +66,7 @@ def inert_on_policy(cfg: Any) -> list[str]:
             for name in trait:
                 value = getattr(choice.section, name)
                 if value is not None:
-                    found[f"{parent}.{name}={value:g}" if isinstance(value, float) else f"{parent}.{name}={value}"] = None
+                    found[f"{parent}.{name}={f'{value:g}' if isinstance(value, float) else value}"] = None
     return list(found)
 
 

@@ -42,7 +42,8 @@ def run_header(config: dict, parameters: Parameters) -> str:
     rank = (model.get("lora") or {}).get("rank", 0)
     share = 100 * parameters.trained / max(1, parameters.total)
     trained = (f"LoRA rank {rank}: {millions(parameters.trained)} of {millions(parameters.total)} parameters trained "
-               f"({share:.2g} %)" if rank else f"{millions(parameters.total)} parameters, all trained (full fine-tuning)")
+               f"({share:.2g} %)" if rank else
+               f"{millions(parameters.total)} parameters, all trained (full fine-tuning)")
     every = trainer["save_every"]
     checkpoints = (f"a checkpoint every {every} steps (trainer.save_every)" if every else
                    "no checkpoint unless a signal stops it (trainer.save_every=N saves one every N steps)")

@@ -77,13 +77,15 @@ def plan_target(cfg: TrainConfig, args: argparse.Namespace) -> Target:
     if isinstance(args.prompt_tokens, int):
         return Target(device, device_from, memory, memory_from, args.prompt_tokens, "--prompt-tokens")
     try:
-        longest, prompt_from = run_prompt_lengths(cfg).train, "the data's longest under its template, as start-up counts it"
+        longest = run_prompt_lengths(cfg).train
+        prompt_from = "the data's longest under its template, as start-up counts it"
     except ConfigError as err:  # the model's tokenizer or the data is not on this machine: plan for another one
         if args.prompt_tokens == "data":
             raise
         longest = cfg.data.max_prompt_tokens or DEFAULT_PROMPT_TOKENS
         key = "data.max_prompt_tokens" if cfg.data.max_prompt_tokens else "assumed"
-        prompt_from = f"{key}: the data's prompts cannot be counted here ({str(err)[:120]}...); --prompt-tokens N sets it"
+        prompt_from = (f"{key}: the data's prompts cannot be counted here ({str(err)[:120]}...); --prompt-tokens N "
+                       "sets it")
     return Target(device, device_from, memory, memory_from, longest, prompt_from)
 
 

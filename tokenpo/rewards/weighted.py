@@ -51,7 +51,8 @@ def entry_problem(index: int, entry: Any) -> str | None:
     """Why reward.functions[index] is not an entry, or None."""
     key = f"reward.functions[{index}]"
     if not isinstance(entry, Mapping) or set(entry) - set(ENTRY_KEYS) or "fn" not in entry:
-        return f"{key} must be a mapping {{fn: correctness | 'package.module:function', weight: <number>}}, got {entry!r}"
+        return (f"{key} must be a mapping {{fn: correctness | 'package.module:function', weight: <number>}}, got "
+                f"{entry!r}")
     fn, weight = entry["fn"], entry.get("weight", 1.0)
     if not isinstance(fn, str) or (fn != CORRECTNESS and (fn.count(":") != 1 or not all(fn.split(":")))):
         return f"{key}.fn must be correctness or 'package.module:function', got {fn!r}"
