@@ -97,7 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="tables only (e.g. a second target metric of runs whose figures are written already)")
     parser.add_argument("--wandb", action="store_true", help="also log figures and table to one W&B run (honours WANDB_MODE)")
     parser.add_argument("--wandb-project", default="tokenpo", help="W&B project (default: tokenpo)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # run folders before, between or after the options
     if args.margin is not None and not args.margin > 0:
         parser.error(f"--margin must be > 0 (in the units of {args.target_metric}), got {args.margin:g}")
     if args.margin is not None and not args.baseline:
