@@ -239,6 +239,69 @@ def test_hub_model_missing_offline_fails_in_one_line_before_any_download(tmp_pat
     (["reward.fn=test_train_cli:read_metrics"], "reward.fn: 'test_train_cli:read_metrics' must take (response, gold)"),
     (["trainer.resume=/nonexistent/run"], "trainer.resume='/nonexistent/run': no checkpoint there"),
     (["trainer.nproc=2", "reward.fn=no_such_module:score"], "reward.fn: cannot import module 'no_such_module'"),
-], ids=["data.path", "reward.fn-import", "reward.fn-signature", "trainer.resume", "nproc2-reward.fn"])
+    # issue 42: setups that can never work and rewards that cannot run stop at start-up
+    (["rollout.group_size=1"], "rollout.group_size=1 with algorithm.advantage.estimator=grpo, which compares"),
+    (["algorithm=dapo", "rollout.group_size=1", "algorithm.advantage.estimator=gtpo", "algorithm.advantage.scope=batch"],
+     "rollout.group_size=1 with algorithm.dynamic_sampling.enabled=true"),
+    (["reward.fn=os.path:join"], "reward.fn: 'os.path:join' failed on the data's first problem ('What is "),
+    (["reward.functions=[{fn: correctness}, {fn: 'os.path:join'}]"], "reward.functions[1].fn: 'os.path:join' failed"),
+], ids=["data.path", "reward.fn-import", "reward.fn-signature", "trainer.resume", "nproc2-reward.fn", "group1-grpo",
+        "group1-dynamic-sampling", "reward.fn-returns-str", "reward.functions-raises"])
 def test_bad_input_fails_before_the_model_loads_or_workers_start(tmp_path, overrides, message):
     assert message in start_error(tmp_path, "model=tiny", *overrides)
+
+
+def test_a_resume_of_a_run_that_saved_no_checkpoint_names_the_key_that_saves_them(tmp_path):
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    (ran / "metrics.jsonl").write_text('{"step": 1}\n')
+    error = start_error(tmp_path, "model=tiny", f"trainer.resume={ran}")
+    assert "the run there ran, but it saved no checkpoint: trainer.save_every=0, the default" in error
+    assert "trainer.save_every=N saves one every N steps" in error
+
+
+@pytest.mark.parametrize(("overrides", "named"), [
+    (["algorithm=dapo"], "algorithm.loss.clip_low=0.2, algorithm.loss.clip_high=0.28: inert here"),
+    (["algorithm=tepo"], "algorithm.ratio.kind=sequence_token, "),
+    (["algorithm=dapo", "trainer.mini_batches=2"], None),
+])
+def test_start_up_names_the_settings_one_update_per_rollout_switches_off(tmp_path, overrides, named):
+    proc = guarded_train(tmp_path, "model=tiny", *overrides)
+    assert "HEAVY WORK STARTED" in proc.stderr, proc.stderr
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "inert here" in line]
+    if named is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and named in lines[0] and "trainer.mini_batches=2 (or more) makes them act" in lines[0]
+
+
+def test_rewards_that_are_all_errors_stop_the_run_with_a_non_zero_exit(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = train(*SMALL, "trainer.max_steps=6", "eval.every_steps=0", "eval.before_training=false",
+                 "reward.functions=[{fn: 'trainer_rewards:errors_unless_boxed', weight: 1}]", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("tokenpo: error:")]
+    assert errors == [line for line in errors if "trainer.health.reward_errors stopped the run at step 2" in line]
+    assert len(errors) == 1
+    assert [record["step"] for record in read_metrics(run_dir)] == [1, 2]
+    assert all(record["reward/error_frac"] == 1.0 for record in read_metrics(run_dir))
+
+
+def test_the_console_and_summary_carry_what_a_researcher_checks_first(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = train(*SMALL, "trainer.max_steps=2", "model.lora.rank=2", "seed=3", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    console = proc.stdout + proc.stderr
+    (header,) = [line for line in console.splitlines() if "] - run: " in line]
+    assert "run: grpo, seed 3; model tiny: LoRA rank 2: " in header and " parameters trained (" in header
+    assert "no checkpoint unless a signal stops it (trainer.save_every=N saves one every N steps)" in header
+    assert "step 1/2 | acc " in console and "| left ~" in console and "step 2/2 | " in console
+    # the data's load lines once each, though start-up loaded the data for its checks
+    assert console.count("data arith: arith(levels=[1, 2], seed=0) [train]") == 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    last = read_metrics(run_dir)[-1]
+    assert (summary["algorithm"], summary["seed"], summary["lora_rank"]) == ("grpo", 3, 2)
+    assert 0 < summary["trained_parameters"] < summary["parameters"]
+    assert summary["final_accuracy/drawn"] == last["accuracy/drawn"]
+    assert summary["final_reward/mean"] == last["reward/mean"]
+    assert summary["generated_tokens"] == last["tokens/generated_total"] > 0

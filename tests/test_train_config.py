@@ -19,9 +19,6 @@ CONF = Path(CONF_DIR)
 REQUIRED_INPUT = {
     ("data", "file"): (["data.path=train.jsonl"], "data.path"),
     ("data", "hub"): (["data.hub_id=org/dataset"], "data.hub_id"),
-    # bf16 weights train only in DeepSpeed's bf16 mode (fp32 master weights); the default precision is fp32
-    **{("model", name): (["deepspeed.precision=bf16"], "deepspeed.precision")
-       for name in ("qwen2_5_7b", "qwen2_5_32b", "qwen2_5_math_1_5b", "qwen2_5_math_7b")},
 }
 
 
@@ -128,6 +125,8 @@ def test_option_composes_and_validates(group, option):
         key, value = override.split("=", 1)
         if key.startswith(f"{group}."):
             file_values[key.split(".", 1)[1]] = value
+    if group == "deepspeed" and file_values.get("precision") == "auto":  # resolved from model.dtype at build
+        file_values["precision"] = "fp32"
     assert_holds(file_values, typed, group)
     for key, value in EXPECTED.get((group, option), {}).items():
         assert lookup(getattr(cfg, group), key) == value, f"{group}={option}: {key}"
@@ -143,6 +142,15 @@ def test_default_composition():
     assert cfg.seed == 0
     cfg = build(["algorithm=dapo", "model=tiny", "seed=3", "rollout.group_size=8"])
     assert (cfg.algorithm.name, cfg.model.source, cfg.seed, cfg.rollout.group_size) == ("dapo", "tiny", 3, 8)
+
+
+@pytest.mark.parametrize("model", ["qwen2_5_7b", "qwen2_5_32b", "qwen2_5_math_1_5b", "qwen2_5_math_7b"])
+def test_a_model_preset_alone_brings_the_precision_its_dtype_needs(model):
+    cfg = build([f"model={model}"])
+    assert (cfg.model.dtype, cfg.deepspeed.precision) == ("bfloat16", "bf16")
+    with pytest.raises(ConfigError, match="model.dtype=bfloat16 with deepspeed.precision=fp32"):
+        build([f"model={model}", "deepspeed.precision=fp32"])  # an explicit contradiction is still refused
+    assert build(["model=tiny"]).deepspeed.precision == "fp32"
 
 
 @pytest.mark.parametrize(("group", "option"), list(REQUIRED_INPUT), ids=lambda v: str(v))

@@ -80,7 +80,7 @@ def test_the_wheel_trains_and_evaluates_from_an_empty_directory(tmp_path):
 
     # the run dir's name holds '=' and ',' (its overrides): quoted for Hydra's override grammar
     run([venv / "bin" / "tokenpo-evaluate", f"model_path='{run_dir}'", "eval.max_problems=4"], empty, env)
-    assert (run_dir / "eval_arith" / "eval.json").is_file()
+    assert (empty / "outputs" / "eval" / f"runs__{run_dir.name}" / "eval_arith" / "eval.json").is_file()
     assert sorted(path.name for path in empty.iterdir()) == ["outputs"]
 
 

@@ -7,12 +7,14 @@ from dataclasses import dataclass, replace
 from omegaconf import DictConfig, OmegaConf
 
 from tokenpo.algorithms.config import AlgorithmConfig, algorithm_config_from_dict
+from tokenpo.algorithms.inert import inert_on_policy, needs_group
 from tokenpo.data.config import DataConfig, data_config_from_dict, data_keys_under
 from tokenpo.deepspeed.config import DeepSpeedConfig, check_precision
 from tokenpo.evaluation.config import EvalConfig, data_keys
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.models.config import ModelConfig, model_config_from_dict
 from tokenpo.rewards.config import RewardConfig, resolve, reward_config_from_dict
+from tokenpo.rewards.weighted import DEFAULT_FUNCTIONS
 from tokenpo.rollout.config import RolloutConfig, require_sampler_logprobs, rollout_config_from_dict
 from tokenpo.schema import build, must_be, require
 from tokenpo.trainer.config import TrainerConfig
@@ -39,6 +41,25 @@ class TrainConfig:
         Benchmarks are judged by benchmark_reward instead, in training-time eval and `tokenpo.evaluate` alike.
         """
         return resolve(self.reward, data_reward_defaults(data))
+
+    @property
+    def ratios_are_one(self) -> bool:
+        """Whether every importance ratio the loss reads is exactly 1: one update per rollout, generated in turn (or
+        ahead under the decoupled objective, whose ratio is to the policy at the update's start)."""
+        ahead = self.rollout.async_
+        return self.trainer.mini_batches == 1 and (ahead.max_staleness == 0 or ahead.decoupled)
+
+    def inert_components(self) -> str | None:
+        """One line naming the algorithm's settings that cannot act under this run's settings and the key that makes
+        them act (None when every one can)."""
+        if not self.ratios_are_one:
+            return None
+        inert = inert_on_policy(self.algorithm)
+        if not inert:
+            return None
+        return (f"{', '.join(inert)}: inert here, since with trainer.mini_batches=1 the policy trained is the policy "
+                "that sampled and every importance ratio is 1; trainer.mini_batches=2 (or more) makes them act "
+                "(docs/experiments.md)")
 
     def validate_batch(self, world_size: int) -> None:
         """The step's groups must split evenly over ranks and mini-batches (one-line error naming the numbers)."""
@@ -71,14 +92,38 @@ def build_config(tree: DictConfig | dict) -> TrainConfig:
         data=data,
         reward=reward_config_from_dict(plain["reward"]),
         rollout=rollout_config_from_dict(plain["rollout"]),
-        deepspeed=build(DeepSpeedConfig, plain["deepspeed"], "deepspeed"),
+        deepspeed=with_precision(build(DeepSpeedConfig, plain["deepspeed"], "deepspeed"), plain["model"]),
         logger=build(LoggerConfig, plain["logger"], "logger"),
         eval=build(EvalConfig, plain["eval"], "eval"),
         trainer=build(TrainerConfig, plain["trainer"], "trainer"),
     )
     require_sampler_logprobs(config.algorithm.loss.tis_cap, config.rollout)
     check_precision(config.model.dtype, config.deepspeed.precision)
+    check_group_size(config.algorithm, config.rollout.group_size)
     return config
+
+
+def check_group_size(algorithm: AlgorithmConfig, group_size: int) -> None:
+    """One response per prompt where the advantage or dynamic sampling compares the responses to a prompt: refused,
+    naming the setting (nothing would train, or no group would ever be kept)."""
+    if group_size > 1:
+        return
+    setting = needs_group(algorithm)
+    require(setting is None, f"rollout.group_size=1 with {setting}, which compares each response with the other "
+                             "responses to its prompt: every advantage would be 0 and nothing would train; use "
+                             "rollout.group_size >= 2")
+    require(not algorithm.dynamic_sampling.enabled,
+            "rollout.group_size=1 with algorithm.dynamic_sampling.enabled=true, which keeps only groups with both "
+            "right and wrong answers, and one response per prompt never has both; use rollout.group_size >= 2 or "
+            "algorithm.dynamic_sampling.enabled=false")
+
+
+def with_precision(deepspeed: DeepSpeedConfig, model: dict) -> DeepSpeedConfig:
+    """deepspeed.precision=auto resolved from the model's dtype: bf16 (fp32 master weights) for bfloat16 weights, fp32
+    otherwise; an explicit value stays (a bf16 model with fp32 is refused by check_precision)."""
+    if deepspeed.precision != "auto":
+        return deepspeed
+    return replace(deepspeed, precision="bf16" if model.get("dtype") == "bfloat16" else "fp32")
 
 
 def validated(cfg):
@@ -97,6 +142,8 @@ def benchmark_reward(reward: RewardConfig, benchmark: DataConfig) -> RewardConfi
 
     The answer format, pattern and fallback are always the benchmark's data config's (eval.data, or data when
     eval.data is null): explicit reward.* values of them shape the training reward only, so a checkpoint gets one
-    accuracy whatever data it was trained on. reward.fn (the user's verifier), timeout_s and num_workers apply.
+    accuracy whatever data it was trained on. reward.fn (the user's verifier), timeout_s and num_workers apply;
+    reward.functions (the training reward) do not: a benchmark scores the verdict.
     """
-    return replace(reward, **data_reward_defaults(benchmark)).validate()
+    return replace(reward, **data_reward_defaults(benchmark),
+                   functions=[dict(entry) for entry in DEFAULT_FUNCTIONS]).validate()

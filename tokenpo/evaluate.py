@@ -11,8 +11,9 @@
 A benchmark reads one split, so its local file needs no `{split}`; a path that has one must be quoted for Hydra's
 override grammar: 'eval.data.path="data/gsm8k_{split}.jsonl"'.
 Results go to `<output_dir>/eval.json` (metrics and every problem's responses and verdicts); by default
-output_dir is `<model_path>/eval_<eval.name>/` (beside a run's metrics, or inside a model folder) and
-`outputs/eval/<org>__<name>/eval_<eval.name>/` for a hub id. The metrics are printed as a markdown table.
+output_dir is `outputs/eval/<model>/eval_<eval.name>/` under the current directory, never inside the evaluated folder
+(`<model>`: `<parent>__<name>` of a run dir or model folder, `<org>__<name>` of a hub id). The metrics are printed as
+a markdown table.
 Groups `eval`, `data` (the benchmark when eval.data is null, e.g. eval=arith), `reward` and `rollout` (engine,
 eos_tokens, and max_new_tokens where eval.max_new_tokens is null) are the training run's groups. Answers are
 judged as training-time evaluation judges them (tokenpo.config.benchmark_reward): read as the benchmark's data
@@ -21,14 +22,36 @@ config says, with reward.fn, reasoning_tag and timeout_s from `reward` (reward.a
 
 from __future__ import annotations
 
+import json
+import sys
+import textwrap
+
 import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from tokenpo import CONF_DIR
+from tokenpo.cli_help import group_options
 from tokenpo.errors import ConfigError
 from tokenpo.evaluation.cli import build_eval_run, report, run_evaluation
 from tokenpo.train import fail
+
+# each setting of tokenpo.evaluate besides its config groups: (default, what it is); `--help` prints them
+ARGUMENTS = {
+    "model_path": (None, "what to evaluate: a run dir (its final/ is evaluated), a Hugging Face model folder, a hub id "
+                         "(org/name), or a PEFT adapter folder whose adapter_config.json names its base; required "
+                         "unless adapter_path names its base"),
+    "adapter_path": (None, "a PEFT adapter folder (a LoRA run's final/adapter) applied to model_path, or to its own "
+                           "base when model_path is null"),
+    "output_dir": (None, "folder of eval.json (metrics, every problem's responses and verdicts); null = "
+                         "outputs/eval/<model>/eval_<eval.name> under the current directory, outside the evaluated "
+                         "folder (<model>: the run dir's parent__name, or org__name of a hub id)"),
+    "dtype": ("float32", "parameter dtype the model is evaluated in: float32 | bfloat16 | float16"),
+    "attn_implementation": ("sdpa", "attention kernel: sdpa | eager | flash_attention_2"),
+    "trust_remote_code": (False, "run model code from the hub repo (needed by some architectures)"),
+    "seed": (0, "seed of the sampled responses (eval.n > 0); greedy answers do not depend on it"),
+    "print_samples": (4, "question -> response -> verdict lines printed under the metrics table"),
+}
 
 EVALUATE_CONFIG = {
     "defaults": [
@@ -40,23 +63,7 @@ EVALUATE_CONFIG = {
         {"override hydra/job_logging": "stdout"},
         "_self_",
     ],
-    # run dir (its final/ is evaluated), Hugging Face model folder, hub id (org/name), or PEFT adapter folder whose
-    # adapter_config.json names its base; required unless adapter_path names its base
-    "model_path": None,
-    # PEFT adapter folder (a LoRA run's final/adapter) applied to model_path, or to its own base when model_path is null
-    "adapter_path": None,
-    # folder of eval.json; null = <model_path>/eval_<eval.name>, outputs/eval/<org>__<name>/eval_<eval.name> for a hub id
-    "output_dir": None,
-    # parameter dtype the model is evaluated in: float32 | bfloat16 | float16
-    "dtype": "float32",
-    # attention kernel: sdpa | eager | flash_attention_2
-    "attn_implementation": "sdpa",
-    # run model code from the hub repo (needed by some architectures)
-    "trust_remote_code": False,
-    # seed of the sampled responses (eval.n > 0); greedy answers do not depend on it
-    "seed": 0,
-    # question -> response -> verdict lines printed under the metrics table
-    "print_samples": 4,
+    **{name: default for name, (default, _) in ARGUMENTS.items()},
     # results go to output_dir, so Hydra writes no run folder, .hydra/ copy or log file of its own;
     # a multirun (-m) only leaves its multirun.yaml under outputs/eval/multirun/<time>
     "hydra": {"run": {"dir": "."}, "output_subdir": None,
@@ -77,9 +84,22 @@ def hydra_main(tree: DictConfig) -> float:
     return result.metrics["accuracy"]
 
 
+def usage() -> str:
+    """`--help`: this module's examples, each argument with its default and meaning, the groups it reads."""
+    arguments = "\n".join(textwrap.fill(f"{name}={json.dumps(default)}: {text}", 110, initial_indent="  ",
+                                         subsequent_indent="      ") for name, (default, text) in ARGUMENTS.items())
+    return (f"usage: python -m tokenpo.evaluate model_path=<run dir | model folder | org/name> [eval=<benchmark>] "
+            f"[key=value ...]   (installed: tokenpo-evaluate ...)\n{__doc__.split(chr(10), 1)[1].rstrip()}\n\n"
+            f"arguments (key=default: meaning):\n{arguments}\n\nbenchmarks (eval=<option>): "
+            f"{', '.join(group_options(CONF_DIR, 'eval'))}; a group's keys: python -m tokenpo.train --explain eval")
+
+
 def main() -> None:
     from tokenpo.progress import quiet_library_bars
 
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(usage())
+        return
     quiet_library_bars()
     hydra_main()
 

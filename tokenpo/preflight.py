@@ -24,10 +24,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tokenpo.config import TrainConfig, build_config
 from tokenpo.data.config import data_config_from_dict, data_keys_under
-from tokenpo.data.loaders import check_local_files
+from tokenpo.data.example import Example
+from tokenpo.data.loaders import check_local_files, first_example
 from tokenpo.errors import ConfigError
 from tokenpo.models.locate import check_weights_available
-from tokenpo.rewards.user_fn import load_reward_fn
+from tokenpo.rewards.config import RewardConfig
+from tokenpo.rewards.weighted import check_user_rewards
 from tokenpo.trainer.checkpoint import check_lora, resume_dir_on_disk
 
 # Hydra flags that do not run a job (help, info, completion, rerun) or that pick another config tree: left to Hydra
@@ -166,17 +168,28 @@ def one_line(err: Exception) -> str:
     return " ".join(line.strip() for line in str(err).splitlines() if line.strip())
 
 
+def check_rewards_on_sample(reward: RewardConfig, sample: Example | None) -> None:
+    """reward.fn and the user functions of reward.functions imported and called once on the data's first problem (a
+    built-in one where the data is not read at start-up) with a response answering its gold: one that fails there
+    stops the run in one line, before a step is spent on it."""
+    where = "the data's first problem"
+    if sample is None:
+        sample, where = Example("sample", "What is 1 + 1?", "2"), "a built-in sample (1 + 1 = 2; the data loads later)"
+    where = f"{where} ({sample.problem[:60]!r}, gold {sample.answer!r})"
+    check_user_rewards(reward.fn, reward.functions, sample.problem, sample.answer, dict(sample.meta), where,
+                       reward.timeout_s)
+
+
 def check_inputs(cfg: TrainConfig, run_dir: Path) -> None:
     """The data files (training and benchmark), the user reward function, the checkpoint to resume and the model's
     weights can be read; nothing heavy is loaded, and torch, transformers and DeepSpeed are not imported (a LoRA run's
     target modules, checked last, need transformers)."""
-    check_local_files(cfg.data)
+    sample = first_example(cfg.data)  # a local file's check
     for benchmark, key in zip(cfg.eval.benchmarks(), cfg.eval.data_keys()):
         if benchmark.data is not None:
             with data_keys_under(key):
                 check_local_files(data_config_from_dict(benchmark.data))
-    if cfg.reward.fn is not None:
-        load_reward_fn(cfg.reward.fn)
+    check_rewards_on_sample(cfg.reward, sample)
     resume_dir = resume_dir_on_disk(cfg.trainer.resume, run_dir, quick=True)
     if resume_dir is not None:
         check_lora(resume_dir, cfg.model.lora.settings())

@@ -87,14 +87,15 @@ class Rule:
 def setting(default: Any, help: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
             lt: float | None = None, finite: bool = False, choices: Sequence | Callable[[], Sequence] | None = None,
             check: Callable[[Any], bool] | None = None, requirement: str | None = None,
-            shipped: str | None = None) -> Any:
+            shipped: str | None = None, applies: Callable[[Any], bool] | None = None) -> Any:
     """A config field: its default, its help (what, unit, paper value and section: the YAML comment above the key
-    in the group's default file), its constraint (`Rule`), and `shipped`: why the default file sets another value
-    than `default`, where it does."""
+    in the group's default file), its constraint (`Rule`), `shipped`: why the default file sets another value
+    than `default`, where it does, and `applies`: whether the value is read at all, given its section (None: always;
+    e.g. a KL term's target only with its coefficient above 0)."""
     constrained = finite or choices is not None or check is not None or any(
         bound is not None for bound in (ge, gt, le, lt))
     rule = Rule(ge, gt, le, lt, finite, choices, check, requirement) if constrained else None
-    metadata = {"help": help, "rule": rule, "shipped": shipped}
+    metadata = {"help": help, "rule": rule, "shipped": shipped, "applies": applies}
     if isinstance(default, list):
         return dataclasses.field(default_factory=functools.partial(list, default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -102,7 +103,8 @@ def setting(default: Any, help: str, *, ge: float | None = None, gt: float | Non
 
 def section(cls: type, help: str) -> Any:
     """A field holding a nested config section (a dataclass with defaults of its own)."""
-    return dataclasses.field(default_factory=cls, metadata={"help": help, "rule": None, "shipped": None})
+    return dataclasses.field(default_factory=cls, metadata={"help": help, "rule": None, "shipped": None,
+                                                             "applies": None})
 
 
 def must_be(key: str, requirement: str, value: Any) -> str:

@@ -20,12 +20,14 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from tokenpo import CONF_DIR
-from tokenpo.config import build_config
+from tokenpo.cli_help import explain, explain_request, normalize_hydra_flags, short_help
+from tokenpo.config import GROUPS, build_config
 from tokenpo.errors import ConfigError
 from tokenpo.models.config import lora_lr_note
 from tokenpo.plan.context import check_run_context, check_token_budget, resolved_max_model_len, run_prompt_lengths
 from tokenpo.plan.memory import check_memory_plan
 from tokenpo.preflight import check_command_line, check_inputs
+from tokenpo.schema import config_dict
 from tokenpo.trainer import rundir
 from tokenpo.trainer.identity import RunIdentity
 from tokenpo.versions import check_supported_versions
@@ -121,6 +123,9 @@ def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
         if same is False:  # another sweep's run: set aside, never resumed
             resume = "none"
     check_inputs(cfg, run_dir)
+    inert = cfg.inert_components()
+    if inert and rank0:
+        log.info(inert)
     if cfg.trainer.nproc > 1 and world == 1:
         # after the checks that need no torch: counting CUDA devices imports it
         from tokenpo.deepspeed.dist import visible_cuda_devices
@@ -206,12 +211,32 @@ def main() -> None:
         # before the command line is read: a task of srun with several tasks is one rank of one run
         adopt_slurm_environment()
         sys.argv[1:] = external_launcher_argv(sys.argv[1:])
+        if answer_help(sys.argv[1:]):
+            return
+        sys.argv[1:] = normalize_hydra_flags(sys.argv[1:])
         # a DeepSpeed or PEFT release outside the tested range trains wrong or fails late: refused before any work
         check_supported_versions()
         check_command_line(CONF_DIR, "train", sys.argv[1:])
     except ConfigError as err:
         fail(str(err))
     hydra_main()
+
+
+def answer_help(argv: list[str]) -> bool:
+    """`--help` (short, with pointers) or `--explain KEY [overrides]` printed; whether one was asked for."""
+    if {"-h", "--help"} & set(argv):
+        print(short_help(CONF_DIR))
+        return True
+    request = explain_request(argv)
+    if request is None:
+        return False
+    from tokenpo.plan.cli import compose_train_config
+
+    key, overrides = request
+    cfg = compose_train_config(overrides)
+    values = {"seed": cfg.seed, **{group: config_dict(getattr(cfg, group)) for group in GROUPS}}
+    print(explain(key, values, overrides, CONF_DIR))
+    return True
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ def training_records(algorithm, seed):
             "tokens/generated": TOKENS_PER_STEP[algorithm],
             "tokens/generated_total": step * TOKENS_PER_STEP[algorithm],
             "reward/mean": 0.1 * step + 0.05 * seed,
+            "accuracy/drawn": 0.1 * step,
             "accuracy": 0.2 * step,
             "entropy/mean": 1.0 - 0.1 * step - 0.02 * seed,
             "response_length/mean": 200.0 + 10 * step + seed,
@@ -67,6 +68,12 @@ def build_multirun(root):
     write_run(root / "6", ["algorithm=gtpo", "seed=0", "trainer.max_steps=4"], None)
     (root / "multirun.yaml").write_text("hydra: {}\n")
     return root
+
+
+@pytest.fixture
+def out_of():
+    """compare_dir, for the test modules (test files cannot import conftest by name)."""
+    return compare_dir
 
 
 @pytest.fixture
@@ -106,5 +113,11 @@ def compared(tmp_path_factory):
     calls, stdout = {}, io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stdout):
         patch.setitem(sys.modules, "wandb", fake_wandb(calls))
+        patch.chdir(root.parent)  # the default output dir is under the current directory
         code = main([str(root), "--baseline", "algorithm=grpo", "--wandb", "--wandb-project", "proj"])
     return root, stdout.getvalue(), code, calls
+
+
+def compare_dir(root):
+    """Where a comparison of the multirun `root` run from its parent folder writes by default."""
+    return root.parent / "outputs" / "compare" / root.name

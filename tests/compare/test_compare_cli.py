@@ -15,10 +15,10 @@ def read_summary(out_dir):
         return {row["group"]: row for row in csv.DictReader(handle)}
 
 
-def test_summary_csv_matches_hand_computed_values(compared):
+def test_summary_csv_matches_hand_computed_values(compared, out_of):
     root, _, code, _ = compared
     assert code == 0
-    rows = read_summary(root / "compare")
+    rows = read_summary(out_of(root))
     assert list(rows) == [DAPO, GRPO]
     grpo, dapo = rows[GRPO], rows[DAPO]
     # grpo finals 0.5, 0.75, 0.25; bests 0.5, 1.0, 0.25 (mean 7/12, deviations -1/12, 5/12, -4/12)
@@ -50,9 +50,9 @@ def test_summary_csv_matches_hand_computed_values(compared):
     assert float(dapo["tokens_ratio_vs_baseline"]) == pytest.approx(16 / 9, rel=1e-12)
 
 
-def test_markdown_table_is_printed_and_written(compared):
+def test_markdown_table_is_printed_and_written(compared, out_of):
     root, stdout, _, _ = compared
-    report = (root / "compare" / "summary.md").read_text()
+    report = (out_of(root) / "summary.md").read_text()
     assert stdout.startswith(report)
     # the baseline (grpo) reached the target in 2 of 3 runs: dapo's ratios are marked, the baseline's own are not
     assert ("| algorithm=dapo | 3 | 0.667 ± 0.144 [0.308, 1.025] | 0.667 ± 0.144 [0.308, 1.025] | 3/3 | 2.7 | 13.3 | "
@@ -61,15 +61,15 @@ def test_markdown_table_is_printed_and_written(compared):
             "3000 | 1.00 | 1.00 | 1.00 |") in report
 
 
-def test_significance_vs_baseline_is_paired_by_seed(compared):
+def test_significance_vs_baseline_is_paired_by_seed(compared, out_of):
     root, _, _, _ = compared
-    significance = (root / "compare" / "significance.md").read_text()
-    assert f"## Significance vs {GRPO}\n\n{significance}" in (root / "compare" / "summary.md").read_text()
+    significance = (out_of(root) / "significance.md").read_text()
+    assert f"## Significance vs {GRPO}\n\n{significance}" in (out_of(root) / "summary.md").read_text()
     # finals dapo - grpo per seed 0.25, -0.25, 0.5: t = (1/6) / sqrt(7/144) on 2 df, p = 1 - t / sqrt(2 + t^2)
     t = (1 / 6) / math.sqrt(7 / 144)
     p = 1 - t / math.sqrt(2 + t * t)
     assert f"| {DAPO} | 3 vs 3 | paired (n=3) | +0.167 [-0.782, +1.115] | {p:.3f} | {p:.3f} | not significant |" in significance
-    with (root / "compare" / "significance.csv").open() as handle:
+    with (out_of(root) / "significance.csv").open() as handle:
         rows = {row["value"]: row for row in csv.DictReader(handle)}
     assert (rows["final"]["group"], rows["final"]["baseline"], rows["final"]["test"]) == (DAPO, GRPO, "paired (n=3)")
     assert float(rows["final"]["p"]) == pytest.approx(p, abs=1e-12) == float(rows["final"]["p_holm"])
@@ -77,18 +77,18 @@ def test_significance_vs_baseline_is_paired_by_seed(compared):
     assert float(rows["best"]["difference"]) == pytest.approx(1 / 12, abs=1e-12)
 
 
-def test_missing_and_skipped_data_is_reported_not_fatal(compared):
+def test_missing_and_skipped_data_is_reported_not_fatal(compared, out_of):
     root, _, _, _ = compared
-    report = (root / "compare" / "summary.md").read_text()
+    report = (out_of(root) / "summary.md").read_text()
     assert f"- run {root / '6'}: no metrics.jsonl yet" in report
     assert f"- run {root / '5'}: skipped 1 unreadable line(s)" in report
     assert "- group algorithm=dapo: no kl/old values" in report
 
 
-def test_wandb_logs_figures_and_table_to_one_run(compared):
+def test_wandb_logs_figures_and_table_to_one_run(compared, out_of):
     root, _, _, calls = compared
     assert calls["init"]["project"] == "proj" and calls["init"]["group"] == "multirun"
-    assert calls["log"]["eval_accuracy_vs_time"] == ("image", str(root / "compare" / "eval_accuracy_vs_time.png"))
+    assert calls["log"]["eval_accuracy_vs_time"] == ("image", str(out_of(root) / "eval_accuracy_vs_time.png"))
     _, columns, data = calls["log"]["summary"]
     assert columns[0] == "group" and [row[0] for row in data] == [DAPO, GRPO]
     assert calls["finished"]

@@ -62,17 +62,19 @@ def answers(run) -> list[str]:
     return [record["greedy"]["response"] for record in run_evaluation(run).records]
 
 
-def test_adapter_alone_base_plus_adapter_and_merged_answer_alike(folders):
+def test_adapter_alone_base_plus_adapter_and_merged_answer_alike(folders, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     alone = evaluation(f"model_path={folders['adapter']}")
     assert Path(alone.model.path) == folders["base"] and alone.adapter == folders["adapter"]
-    assert alone.output_dir == folders["adapter"] / "eval_arith"
+    home = folders["adapter"].resolve().parent  # an adapter/ (or final/) folder is named by the folder holding it
+    assert alone.output_dir == Path("outputs/eval") / f"{home.parent.name}__{home.name}" / "eval_arith"
     both = evaluation(f"model_path={folders['base']}", f"adapter_path={folders['adapter']}")
     assert Path(both.model.path) == folders["base"] and both.adapter == folders["adapter"]
     merged = answers(evaluation(f"model_path={folders['merged']}"))
     base = answers(evaluation(f"model_path={folders['base']}"))
     assert answers(alone) == answers(both) == merged
     assert merged != base, "the adapter changed no answer: the test cannot tell adapted from base"
-    saved = json.loads((folders["adapter"] / "eval_arith" / "eval.json").read_text())
+    saved = json.loads((tmp_path / alone.output_dir / "eval.json").read_text())
     assert saved["model"] == f"{folders['base']} + adapter {folders['adapter']}"
 
 

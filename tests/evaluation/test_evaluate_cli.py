@@ -50,17 +50,20 @@ def evaluate_cli(*args: str, cwd: Path) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
-def test_run_dir_with_samples_writes_eval_json_beside_the_run(run_dir, capsys):
+def test_run_dir_with_samples_writes_eval_json_outside_the_run(run_dir, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     tree = compose_evaluate([f"model_path={run_dir}", "eval.max_problems=3", "eval.n=2", "eval.pass_k=[1,2]",
                              f"rollout.max_new_tokens={MAX_NEW}", "reward.num_workers=1", "print_samples=2"])
     run = build_eval_run(tree)
     assert run.model.source == "local" and Path(run.model.path) == run_dir / "final"
-    assert run.output_dir == run_dir / "eval_arith"
+    # under the current directory, named by the run dir: never inside the evaluated (perhaps committed) folder
+    assert run.output_dir == Path("outputs/eval") / f"{run_dir.parent.name}__{run_dir.name}" / "eval_arith"
     result = run_evaluation(run)
     metrics, records = result.metrics, result.records
     print(report(run, result))
+    assert not (run_dir / "eval_arith").exists()
 
-    saved = json.loads((run_dir / "eval_arith" / "eval.json").read_text())
+    saved = json.loads((tmp_path / run.output_dir / "eval.json").read_text())
     assert saved["metrics"] == metrics and saved["benchmark"] == "arith"
     assert len(saved["records"]) == 3
     assert all(len(record["samples"]) == 2 and "greedy" in record for record in saved["records"])

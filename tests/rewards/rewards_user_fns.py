@@ -34,3 +34,24 @@ def slow_when_asked(response, gold):
     if response.startswith("slow"):
         time.sleep(0.5)
     return response == gold
+
+
+def weighted_half(response, gold, prompt, fields):
+    """A reward.functions entry: 0.5 for any response, None for the response "none"."""
+    return None if response == "none" else 0.5
+
+
+def reads_fields(response, gold, prompt, fields):
+    """The field 'bonus' (a KeyError without it, on purpose) plus the prompt's length / 10; raises on "boom"."""
+    if response == "boom":
+        raise RuntimeError("boom")
+    return fields["bonus"] + len(prompt) / 10 if response != r"\boxed{5}" else len(prompt) / 10
+
+
+def returns_text(response, gold, prompt, fields):
+    return "yes"
+
+
+def sleeps(response, gold, prompt, fields):
+    time.sleep(30)
+    return 1.0

@@ -9,7 +9,7 @@ import torch
 
 from tokenpo.algorithms.config import DynamicSamplingConfig
 from tokenpo.data import Example, PromptSampler
-from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG
+from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG, Judged, Question
 from tokenpo.rollout.engine import Responses, SamplingParams
 from tokenpo.trainer.rollouts import RolloutSource, StepRollouts
 from tokenpo.trainer.step import collect_rollouts
@@ -42,6 +42,10 @@ class ScriptedScorer:
 
     def score(self, text: list[str], golds: list[str]) -> list[str]:
         return [v for start in range(0, len(golds), G) for v in self.pattern[golds[start]]]
+
+    def judge(self, text: list[str], questions: list[Question]) -> Judged:
+        verdicts = self.score(text, [q.gold for q in questions])
+        return Judged(verdicts, [None if v == GOLD_INVALID else float(v == CORRECT) for v in verdicts])
 
 
 class Scripted:

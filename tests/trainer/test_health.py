@@ -106,7 +106,8 @@ def test_health_metrics_name_every_detector_and_the_skipped_count():
     firings = detectors.observe({"loss": None})
     assert detectors.metrics(firings) == {"health/constant_reward_fired": 0.0, "health/nonfinite_fired": 1.0,
                                           "health/ratio_fired": 0.0, "health/sampler_kl_fired": 0.0,
-                                          "health/entropy_fired": 0.0, "health/skipped_updates": 3.0}
+                                          "health/entropy_fired": 0.0, "health/reward_errors_fired": 0.0,
+                                          "health/skipped_updates": 3.0}
 
 
 def test_a_streak_logs_at_its_first_step_only():
@@ -177,7 +178,7 @@ def test_the_replay_command_prints_each_firing(capsys):
     assert health.main([str(MAIN_JOB)]) == 0
     assert capsys.readouterr().out.splitlines() == [
         f"{MAIN_JOB}: 0 firing(s) in 30 training steps; constant_reward 0, nonfinite 0, ratio 0, sampler_kl 0, "
-        "entropy 0"]
+        "entropy 0, reward_errors 0"]
     assert health.main([str(MAIN_JOB), "trainer.health.constant_reward.steps=1"]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[0] == ("step 26: constant_reward fires (action warn): every response judged right "
@@ -487,3 +488,13 @@ def test_the_run_state_carries_the_health_state_in_its_checkpoint_client_state()
     assert client["health"]["detectors"]["constant_reward"] == {"streak": 1, "last": 0.0}
     assert RunState.from_client_state(client) == state
     assert "health" not in RunState(step=0, sampler={}).to_client_state()  # before the first step, as before
+
+
+def test_rewards_that_are_all_errors_for_two_steps_stop_the_run():
+    detectors = Detectors(HealthConfig())
+    assert detectors.observe({"reward/error_frac": 1.0}) == []
+    (firing,) = detectors.observe({"reward/error_frac": 1.0})
+    assert (firing.detector, firing.action) == ("reward_errors", "stop")
+    assert firing.reason.startswith("reward/error_frac 1 above 0.99 for 2 step(s) in a row")
+    fresh = Detectors(HealthConfig())
+    assert [fresh.observe({"reward/error_frac": frac}) for frac in (1.0, 0.5, 1.0)] == [[], [], []]

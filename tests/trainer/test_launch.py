@@ -200,9 +200,9 @@ def test_nproc_two_zero3_stops_on_sigterm_then_resumes(tmp_path):
     assert list(runs.iterdir()) == [run_dir]
     assert sorted(by_step(read_metrics(run_dir))) == list(range(stopped + 2))
     console = result.stdout + result.stderr
-    assert console.count(f"step {stopped + 1} |") == 1
+    assert console.count(f"step {stopped + 1}/{stopped + 1} |") == 1
     assert f"resumed from {run_dir / 'checkpoints' / f'step_{stopped:06d}'} at step {stopped}" in console
-    assert f"step {stopped + 1} |" in (run_dir / "train.log").read_text()
+    assert f"step {stopped + 1}/{stopped + 1} |" in (run_dir / "train.log").read_text()
     assert_exported_policy(run_dir / "final")
 
 
@@ -234,7 +234,7 @@ def test_torchrun_two_ranks_share_one_run_dir(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "outputs" / "runs").iterdir()
     assert sorted(by_step(read_metrics(run_dir))) == [0, 1, 2]
-    assert (result.stdout + result.stderr).count("step 2 |") == 1
+    assert (result.stdout + result.stderr).count("step 2/2 |") == 1
     # rank 1's private Hydra folder is gone
     assert not list(private_tmp.glob("tokenpo-rank-*"))
     assert_exported_policy(run_dir / "final")

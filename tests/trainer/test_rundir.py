@@ -51,6 +51,16 @@ def test_an_earlier_run_is_moved_aside_whole_and_train_log_stays(tmp_path, caplo
                     f"eval_after.arith_transfer.json, checkpoints.previous-20250101-000000 to {folder} (train.log keeps every start's log)")
 
 
+def test_an_earlier_run_without_checkpoints_is_said_to_have_saved_none(tmp_path, caplog):
+    write_tree(tmp_path, {".hydra/overrides.yaml": "- seed=7\n", "metrics.jsonl": '{"step": 1}\n'})
+    with caplog.at_level(logging.WARNING, logger="tokenpo"):
+        rundir.set_aside_earlier_run(tmp_path)
+    (line,) = caplog.messages
+    assert line.startswith(f"{tmp_path} held a run that this start does not resume (it saved no checkpoint: "
+                           "trainer.save_every=0, the default, saves one only when a signal stops the run; "
+                           "trainer.save_every=N saves one every N steps): moved .hydra, metrics.jsonl to ")
+
+
 def test_a_dir_without_results_has_nothing_to_set_aside(tmp_path):
     (tmp_path / "train.log").write_text("")
     assert rundir.set_aside_earlier_run(tmp_path) is None
@@ -93,5 +103,5 @@ def test_a_rerun_in_the_same_dir_keeps_the_earlier_run(tmp_path):
     assert yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())["seed"] == 3
     assert yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]["run"]["dir"] == str(run_dir)
     log = (run_dir / "train.log").read_text()
-    assert log.startswith("earlier log\n") and "step 1 |" in log
+    assert log.startswith("earlier log\n") and "step 1/1 |" in log
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 1

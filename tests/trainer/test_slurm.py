@@ -122,4 +122,4 @@ def test_two_srun_tasks_train_as_one_run(tmp_path):
     run_dir = tmp_path / "run"
     assert sorted(by_step(read_metrics(run_dir))) == [0, 1, 2]
     assert json.loads((run_dir / "environment.json").read_text())[-1]["processes"] == 2
-    assert "".join(outputs).count("step 2 |") == 1  # rank 0 alone logs
+    assert "".join(outputs).count("step 2/2 |") == 1  # rank 0 alone logs

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 SCALES = ("std", "none")
 
 # estimator(cfg.advantage, rewards [B], correct [B] bool, dense group index [B], mask, entropy) -> [B, T]
+# trait `needs_group`: the estimator compares a response with the other responses to its prompt, so one response per
+# prompt (rollout.group_size=1) gets advantage 0 and nothing trains; True, or a function of the AdvantageConfig giving
+# the setting that makes it so (None: it does not)
 ADVANTAGES = Registry("advantage estimator")
 # norm(token rewards r̃ [B, T], pools [B, T], positive [B, T] bool, standardize) -> advantages [B, T];
 # standardize(values, pools=, center=) is pooled_standardize with the step's weights, scale and eps bound
@@ -99,7 +102,7 @@ def entropy_weighted_rewards(
     return weight1 * rewards * active + positive * bonus - negative * penalty
 
 
-@ADVANTAGES.register("grpo")
+@ADVANTAGES.register("grpo", needs_group=True)
 def grpo_advantages(
     cfg: AdvantageConfig, rewards: Tensor, correct: Tensor, index: Tensor, mask: Tensor, entropy: Tensor | None
 ) -> Tensor:
@@ -107,7 +110,8 @@ def grpo_advantages(
     return group_advantages(rewards, index, cfg.scale, cfg.eps).unsqueeze(-1) * mask
 
 
-@ADVANTAGES.register("gtpo", needs_entropy=True)
+@ADVANTAGES.register("gtpo", needs_entropy=True, needs_group=lambda cfg: (
+    f"algorithm.advantage.scope={cfg.scope}" if SCOPES.trait(cfg.scope, "per_group") else None))
 def gtpo_advantages(
     cfg: AdvantageConfig, rewards: Tensor, correct: Tensor, index: Tensor, mask: Tensor, entropy: Tensor | None
 ) -> Tensor:
@@ -124,7 +128,7 @@ def gtpo_advantages(
     return advantages * mask
 
 
-@ADVANTAGES.register("grpo_s", needs_entropy=True)
+@ADVANTAGES.register("grpo_s", needs_entropy=True, needs_group=True)
 def grpo_s_advantages(
     cfg: AdvantageConfig, rewards: Tensor, correct: Tensor, index: Tensor, mask: Tensor, entropy: Tensor | None
 ) -> Tensor:
@@ -140,7 +144,7 @@ def grpo_s_advantages(
     return advantages.unsqueeze(-1) * mask
 
 
-@SCOPES.register("group")
+@SCOPES.register("group", per_group=True)
 def group_scope(index: Tensor) -> Tensor:
     """One prompt's responses."""
     return index

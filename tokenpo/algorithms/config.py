@@ -97,6 +97,11 @@ class RatioConfig:
         check_fields(self, path)
 
 
+def masked_kl_reads_entropy(loss: LossConfig) -> bool:
+    """Whether the masked KL term is on with a mask that compares entropies (its entropy reference is read)."""
+    return loss.kl_mask_coef > 0 and bool(KL_MASKS.trait(loss.kl_mask, "needs_entropy"))
+
+
 @dataclass
 class LossConfig:
     surrogate: str = setting("clipped",
@@ -132,12 +137,13 @@ class LossConfig:
     kl_estimator: str = setting("k3", "KL estimator for both KL terms: k1 | k2 | k3; GRPO: k3",
         choices=KL_ESTIMATORS.names)
     kl_target: str = setting("ref", "policy the β·KL term pulls towards: ref | old; GRPO: ref",
-        choices=sorted(KL_TARGETS))
+        choices=KL_TARGETS.names, applies=lambda loss: loss.kl_coef > 0)
     kl_mask: str = setting("none", "token-level KL mask: none | tepo", choices=KL_MASKS.names)
     kl_mask_entropy_ref: str = setting("old_token",
         "entropy H_θ is compared with by the mask: old_token | group_mean | batch_mean",
-        choices=ENTROPY_REFERENCES.names)
-    kl_mask_target: str = setting("old", "policy the masked KL pulls towards: old | ref", choices=sorted(KL_TARGETS))
+        choices=ENTROPY_REFERENCES.names, applies=masked_kl_reads_entropy)
+    kl_mask_target: str = setting("old", "policy the masked KL pulls towards: old | ref", choices=KL_TARGETS.names,
+        applies=lambda loss: loss.kl_mask_coef > 0)
     kl_mask_coef: float = setting(0.0, "β_mask of the masked KL (0 = off)", ge=0)
     cov_rho: float = setting(2e-4,
         "Clip-Cov / KL-Cov ρ: k = max(1, ⌊ρ·N⌋) of the N valid tokens of a selection batch are selected (fraction; "
@@ -262,9 +268,9 @@ def needs_reference(cfg: AlgorithmConfig) -> bool:
 def needs_entropy(cfg: AlgorithmConfig) -> bool:
     """Whether the old policy's per-token entropy must be kept for the advantage (its estimator, or the
     entropy-based advantage term), the KL mask or a step-wide 80/20 selection."""
-    return bool(ADVANTAGES.trait(cfg.advantage.estimator, "needs_entropy")) or cfg.advantage.entropy_bonus_alpha > 0 or (
-        cfg.loss.kl_mask_coef > 0 and bool(KL_MASKS.trait(cfg.loss.kl_mask, "needs_entropy"))
-    ) or (cfg.loss.entropy_top_frac is not None and cfg.loss.selection_scope == "step")
+    return (bool(ADVANTAGES.trait(cfg.advantage.estimator, "needs_entropy")) or cfg.advantage.entropy_bonus_alpha > 0
+            or masked_kl_reads_entropy(cfg.loss)
+            or (cfg.loss.entropy_top_frac is not None and cfg.loss.selection_scope == "step"))
 
 
 def needs_step_logprobs(cfg: AlgorithmConfig) -> bool:

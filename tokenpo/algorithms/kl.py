@@ -17,12 +17,25 @@ if TYPE_CHECKING:
 # the spec clamps the per-token estimate so one far-off token cannot dominate the penalty
 KL_CLAMP = 10.0
 
-# which policy a KL term pulls towards: the rollout policy ("old") or the frozen reference
-KL_TARGETS = ("old", "ref")
-
 KL_ESTIMATORS = Registry("KL estimator")
 KL_MASKS = Registry("KL mask")
 ENTROPY_REFERENCES = Registry("KL-mask entropy reference")
+# which policy a KL term pulls towards: anchor(old_logp, ref_logp) -> the log-probs it pulls towards
+KL_TARGETS = Registry("KL target")
+
+
+# trait `inert_on_policy`: with one update per rollout the policy trained is the rollout policy, where a KL to it is 0
+# and so is its gradient (tokenpo.algorithms.inert)
+@KL_TARGETS.register("old", inert_on_policy=True)
+def old_anchor(old_logp: torch.Tensor, ref_logp: torch.Tensor | None) -> torch.Tensor:
+    """The rollout policy's log-probs."""
+    return old_logp
+
+
+@KL_TARGETS.register("ref")
+def ref_anchor(old_logp: torch.Tensor, ref_logp: torch.Tensor | None) -> torch.Tensor | None:
+    """The frozen reference policy's log-probs (None where they were not computed)."""
+    return ref_logp
 
 
 @KL_ESTIMATORS.register("k1")
@@ -65,7 +78,9 @@ def tepo_kl_mask(advantages: torch.Tensor, entropy: torch.Tensor, entropy_ref: t
     return selected.to(mask.dtype) * mask
 
 
-@ENTROPY_REFERENCES.register("old_token")
+# trait `inert_on_policy`: with one update per rollout the current entropy equals the rollout policy's at every token,
+# so a mask comparing them selects none (tokenpo.algorithms.inert)
+@ENTROPY_REFERENCES.register("old_token", inert_on_policy=True)
 def old_token_entropy(old_entropy: torch.Tensor, mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Compare with the old policy's entropy at the same token (TEPO default)."""
     return old_entropy

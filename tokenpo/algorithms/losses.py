@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tokenpo.algorithms.aggregation import LossNorm, aggregate
-from tokenpo.algorithms.kl import KL_MASKS, kl_penalty
+from tokenpo.algorithms.kl import KL_MASKS, KL_TARGETS, kl_penalty
 from tokenpo.algorithms.masked import masked_mean
 from tokenpo.algorithms.ratios import importance_ratio
 from tokenpo.algorithms.rollout_correction import behaviour_weight, importance_weight, sampler_mismatch
@@ -21,11 +21,10 @@ if TYPE_CHECKING:
 
 def _kl_anchor(target: str, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, key: str) -> torch.Tensor:
     """The log-probs a KL term pulls towards; fails loudly when the reference was not computed."""
-    if target == "old":
-        return old_logp
-    if ref_logp is None:
-        raise ValueError(f"{key} is 'ref' but policy_loss got ref_logp=None")
-    return ref_logp
+    anchor = KL_TARGETS.get(target)(old_logp, ref_logp)
+    if anchor is None:
+        raise ValueError(f"{key} is {target!r} but policy_loss got ref_logp=None")
+    return anchor
 
 
 def entropy_bonus(entropy: torch.Tensor, coef: float) -> torch.Tensor:

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 LOG_RATIO_CLAMP = 20.0
 
 RATIOS = Registry("importance ratio")
+# trait `inert_on_policy`: with one update per rollout the ratio is 1 on every response, so choosing this kind over the
+# token ratio changes nothing (tokenpo.algorithms.inert)
 
 
 def exp_clamped(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -33,20 +35,20 @@ def token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) 
     return exp_clamped(logp - old_logp)
 
 
-@RATIOS.register("sequence_arithmetic")
+@RATIOS.register("sequence_arithmetic", inert_on_policy=True)
 def sequence_arithmetic_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """ŵ_i = mean_t w_{i,t} (GRPO-S sequence ratio, GTPO paper arXiv 2508.04349 App. C)."""
     return per_token(sequence_mean(token_ratio(logp, old_logp, mask), mask), logp)
 
 
-@RATIOS.register("sequence_geometric")
+@RATIOS.register("sequence_geometric", inert_on_policy=True)
 def sequence_geometric_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """s_i = exp(mean_t log w_{i,t}) (GSPO sequence ratio, used in its objective Eq. 5, arXiv 2507.18071;
     GRPO-S geometric option, App. C)."""
     return per_token(exp_clamped(sequence_mean(logp - old_logp, mask)), logp)
 
 
-@RATIOS.register("sequence_token")
+@RATIOS.register("sequence_token", inert_on_policy=True)
 def sequence_token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """s_{i,t} = sg[s_i] · π_θ(o_{i,t}) / sg[π_θ(o_{i,t})] (GSPO-token, arXiv 2507.18071; TEPO reconstruction):
     the value of the geometric sequence ratio with the gradient of each token's own log-prob."""

@@ -61,14 +61,20 @@ def shape_rewards(
     truncated: torch.Tensor,
     group_ids: torch.Tensor,
     max_new_tokens: int,
+    score: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Rewards [B], keep [B] bool (False: drop from the loss; multiply the loss mask by it) and
-    metrics. `lengths` are response lengths in tokens, `max_new_tokens` is L_max."""
+    metrics. `lengths` are response lengths in tokens, `max_new_tokens` is L_max. `score` [B]: the weighted reward
+    functions' sum S (tokenpo.rewards.weighted), mapped onto the algorithm's scale as wrong + (correct − wrong)·S;
+    None: the verdict alone, `correct` or `wrong`."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     shaping = cfg.shaping
     correct, truncated, lengths = correct.bool(), truncated.bool(), lengths.float()
-    rewards = torch.where(correct, cfg.reward.correct, cfg.reward.wrong).to(lengths.dtype)
+    if score is None:
+        rewards = torch.where(correct, cfg.reward.correct, cfg.reward.wrong).to(lengths.dtype)
+    else:
+        rewards = (cfg.reward.wrong + (cfg.reward.correct - cfg.reward.wrong) * score).to(lengths.dtype)
     metrics: dict[str, float] = {}
     if shaping.soft_overlong:
         penalty = soft_overlong_penalty(lengths, max_new_tokens, overlong_cache_len(shaping, max_new_tokens))

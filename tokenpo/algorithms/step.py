@@ -45,6 +45,9 @@ class StepBatch:
     old_logp: Tensor | None = None  # [N, T] the rollout policy's log-probs; given when needs_step_logprobs
     seed: int = 0  # the run's seed and the step: with them a token selection's random draws resume exactly
     step: int = 0
+    # [N] float: each response's score S, reward.functions' weighted sum (tokenpo.rewards.weighted); the sequence reward
+    # is then reward.wrong + (reward.correct - reward.wrong)·S. None: `correct` alone (S = 1 or 0)
+    score: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ def prepare_step(cfg: AlgorithmConfig, batch: StepBatch) -> StepTensors:
     """Rewards (shaping and the format bonus), loss mask, advantages, the KL mask's entropy reference and the
     loss normalisers of one step, all on the whole step batch (group and batch statistics see every response)."""
     rewards, keep, metrics = shape_rewards(cfg, batch.correct, batch.lengths, batch.truncated, batch.group_ids,
-                                           batch.max_new_tokens)
+                                           batch.max_new_tokens, batch.score)
     metrics["reward/asked_format_frac"] = float(batch.in_format.mean())
     if batch.format_weight:
         rewards = rewards + batch.format_weight * batch.in_format

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from tokenpo.algorithms.config import LossConfig
 
 SURROGATES = Registry("policy-gradient surrogate")
+# trait `inert_on_policy`: the keys of algorithm.loss a surrogate reads only through an importance ratio away from 1
+# (its clip or gate); with one update per rollout every ratio is 1 and they do nothing (tokenpo.algorithms.inert)
+CLIP_KEYS = ("clip_low", "clip_high", "dual_clip")
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ def clip_fractions(
     return fractions
 
 
-@SURROGATES.register("clipped")
+@SURROGATES.register("clipped", inert_on_policy=CLIP_KEYS)
 def clipped(inputs: SurrogateInputs) -> SurrogateTerm:
     """The clipped surrogate of PPO/GRPO/DAPO (`clipped_surrogate`) and its clip fractions."""
     loss = inputs.loss
@@ -111,7 +114,7 @@ def cispo_surrogate(weight: torch.Tensor, logp: torch.Tensor, advantages: torch.
     return -weight * advantages * logp
 
 
-@SURROGATES.register("cispo")
+@SURROGATES.register("cispo", inert_on_policy=("cispo_clip_low", "cispo_clip_high"))
 def cispo(inputs: SurrogateInputs) -> SurrogateTerm:
     """CISPO on the ratio of algorithm.ratio.kind (the paper's: token). Reproduces the paper with `token-mean`
     (J_CISPO's 1/Σ_i|o_i|). Metrics: fraction of real tokens whose weight the clip changed, mean weight ŵ."""
@@ -140,7 +143,7 @@ def gmpo_sequence_ratio(clipped_log_ratio: torch.Tensor, mask: torch.Tensor) -> 
     return exp_clamped(sequence_mean(clipped_log_ratio, mask))
 
 
-@SURROGATES.register("gmpo", own_ratio=True)
+@SURROGATES.register("gmpo", own_ratio=True, inert_on_policy=("gmpo_clip_low", "gmpo_clip_high"))
 def gmpo(inputs: SurrogateInputs) -> SurrogateTerm:
     """GMPO: L_i = −A_i·ρ_i (`gmpo_sequence_ratio`), written on every token of response i, so that
     `seq-mean-token-mean` (the row's token mean is L_i, then the mean over responses) reproduces the paper's
@@ -184,7 +187,7 @@ def sapo_gradient_weight(ratio: torch.Tensor, tau: torch.Tensor) -> torch.Tensor
     return ratio * 4 * gate * (1 - gate)
 
 
-@SURROGATES.register("sapo")
+@SURROGATES.register("sapo", inert_on_policy=("sapo_tau_pos", "sapo_tau_neg"))
 def sapo(inputs: SurrogateInputs) -> SurrogateTerm:
     """SAPO: L = −f(r)·A (`sapo_gate`) on the ratio of algorithm.ratio.kind (the paper's: token); reproduces the paper
     with `seq-mean-token-mean`. Metrics: mean gate f(r) and mean gradient weight r·f'(r), overall and per polarity
@@ -253,7 +256,7 @@ def covariance_metrics(inputs: SurrogateInputs, selected: torch.Tensor, name: st
             "cov/mean": masked_mean(token_covariance(inputs.advantages, inputs.logp, inputs.mask), inputs.mask)}
 
 
-@SURROGATES.register("clip_cov", select=clip_cov_selection)
+@SURROGATES.register("clip_cov", select=clip_cov_selection, inert_on_policy=CLIP_KEYS)
 def clip_cov(inputs: SurrogateInputs) -> SurrogateTerm:
     """Clip-Cov (arXiv 2505.22617 §4, Eq. 10): the clipped surrogate with the gradient of the selected tokens stopped
     (their loss is 0; they stay in the normaliser, as verl's corr = 0)."""
@@ -264,7 +267,7 @@ def clip_cov(inputs: SurrogateInputs) -> SurrogateTerm:
     return SurrogateTerm(pg * (~selected).to(pg.dtype), {**metrics, **covariance_metrics(inputs, selected, "clip_cov")})
 
 
-@SURROGATES.register("kl_cov", select=kl_cov_selection)
+@SURROGATES.register("kl_cov", select=kl_cov_selection, inert_on_policy=("kl_cov_coef",))
 def kl_cov(inputs: SurrogateInputs) -> SurrogateTerm:
     """KL-Cov (arXiv 2505.22617 §4, Eq. 11): −A·w on every token, plus β·|log π_θ − log π_old| on the selected ones;
     no clip (verl compute_policy_loss_kl_cov)."""

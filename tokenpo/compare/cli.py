@@ -7,15 +7,20 @@ import sys
 from pathlib import Path
 
 from tokenpo.compare.curve_report import compare_curves
-from tokenpo.compare.plots import EVAL_KEY, FIGURES, TIME_KEY, TOKENS_KEY, X_KEYS, plot_all
+from tokenpo.compare.plots import (
+    EVAL_KEY, FIGURES, LAYOUTS, OVERLAY_MAX_GROUPS, TIME_KEY, TOKENS_KEY, X_KEYS, plot_all,
+)
 from tokenpo.compare.runs import (
-    discover_run_dirs, environment_lines, find_group, group_runs, load_run, missing_metric_notes,
+    discover_run_dirs, environment_lines, find_group, group_runs, load_run, missing_metric_notes, select_groups,
 )
 from tokenpo.compare.significance import RUN_VALUE, compare_to_baseline, significance_markdown, write_significance_csv
 from tokenpo.compare.stats import BANDS
 from tokenpo.compare.table import markdown_report, summarize_group, with_baseline_ratios, write_csv
 from tokenpo.compare.wandb_log import log_comparison
 from tokenpo.errors import ConfigError
+
+# where results go without --out: under the current directory, as tokenpo.train's outputs/runs
+OUTPUT_ROOT = Path("outputs/compare")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -27,7 +32,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "keys; keys equal in every run are left out of group labels.",
     )
     parser.add_argument("inputs", nargs="+", type=Path, help="Hydra multirun dirs and/or run dirs (searched recursively)")
-    parser.add_argument("--out", type=Path, help="output dir (default: <first input>/compare)")
+    parser.add_argument("--out", type=Path, help=f"output dir (default: {OUTPUT_ROOT}/<first input's name> under the "
+                                                 "current directory, outside the compared runs)")
+    parser.add_argument(
+        "--select", action="append", metavar="OVERRIDES",
+        help="compare only the groups these overrides pick, e.g. 'algorithm=dapo' ('a=1 b=2': both); repeatable, a "
+        "group any of them picks is kept; the --baseline group always is (default: every group)",
+    )
+    parser.add_argument(
+        "--layout", choices=LAYOUTS, default="auto",
+        help=f"overlay: every group on one axes; grid: small multiples, a panel per group with the others' means in "
+        f"grey; auto: grid above {OVERLAY_MAX_GROUPS} groups (default: auto)",
+    )
     parser.add_argument(
         "--average-over", action="append", metavar="KEY",
         help="override key averaged over within a group, also matching nested '*.KEY'; repeatable (default: seed)",
@@ -81,7 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="tables only (e.g. a second target metric of runs whose figures are written already)")
     parser.add_argument("--wandb", action="store_true", help="also log figures and table to one W&B run (honours WANDB_MODE)")
     parser.add_argument("--wandb-project", default="tokenpo", help="W&B project (default: tokenpo)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # run folders before, between or after the options
     if args.margin is not None and not args.margin > 0:
         parser.error(f"--margin must be > 0 (in the units of {args.target_metric}), got {args.margin:g}")
     if args.margin is not None and not args.baseline:
@@ -108,10 +124,12 @@ def compare(args: argparse.Namespace) -> None:
         raise FileNotFoundError(f"none of the {len(runs)} run dirs has metrics yet")
     groups = group_runs(with_metrics, args.average_over or ["seed"], args.group_by)
     baseline = find_group(groups, args.baseline) if args.baseline else None
+    if args.select:
+        groups = select_groups(groups, args.select, baseline)
 
-    out_dir = args.out or args.inputs[0] / "compare"
+    out_dir = args.out or default_out_dir(args.inputs[0])
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = [] if args.no_figures else plot_all(groups, args.band, out_dir)
+    figures = [] if args.no_figures else plot_all(groups, args.band, out_dir, args.layout)
     summaries = [summarize_group(label, group, args.target_metric, args.target) for label, group in groups.items()]
     if baseline:
         summaries = with_baseline_ratios(summaries, baseline)
@@ -145,6 +163,12 @@ def compare(args: argparse.Namespace) -> None:
     print(f"wrote {len(figures)} figures, {written} to {out_dir}")
     if args.wandb:
         log_comparison(figures, summaries, args.wandb_project, args.inputs[0].resolve().name)
+
+
+def default_out_dir(first_input: Path) -> Path:
+    """outputs/compare/<the first input's name> under the current directory: never inside the compared runs (which
+    may be committed data)."""
+    return Path.cwd() / OUTPUT_ROOT / first_input.resolve().name
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,10 @@ X_KEYS = {"time": TIME_KEY, "tokens": TOKENS_KEY}
 UNITS = {"response_length/mean": "tokens"}
 # series with at most this many points (eval steps) get markers so single points stay visible
 MARKER_MAX_POINTS = 30
+# groups one axes shows overlaid (layout auto); more get small multiples, GRID_COLUMNS panels a row
+OVERLAY_MAX_GROUPS = 6
+GRID_COLUMNS = 4
+LAYOUTS = ("auto", "overlay", "grid")
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,10 @@ class FigureSpec:
 
 
 FIGURES = (
-    FigureSpec("reward_mean", "Training reward", ("reward/mean",)),
-    FigureSpec("accuracy", "Training accuracy", ("accuracy",)),
+    # the one training curve no algorithm shapes or filters: the correctness of every response drawn
+    FigureSpec("accuracy_drawn", "Correct answers (every drawn response, unshaped)", ("accuracy/drawn",)),
+    FigureSpec("reward_mean", "Training reward (shaped: each algorithm's own scale; trained batch)", ("reward/mean",)),
+    FigureSpec("accuracy", "Training accuracy (trained batch, after dynamic sampling's filter)", ("accuracy",)),
     FigureSpec("eval_accuracy", "Eval accuracy", (EVAL_KEY,)),
     FigureSpec("entropy_mean", "Policy entropy", ("entropy/mean",)),
     FigureSpec("response_length_mean", "Response length", ("response_length/mean",)),
@@ -118,6 +124,28 @@ def draw_group(axes, xs, mean, low, high, colour: str, alpha: float):
     return line
 
 
+def group_curve(runs: list[Run], key: str, x_axis: str, band: str):
+    """(xs, mean, low, high, runs that logged `key`) of one group against `x_axis`, or None with nothing to draw."""
+    logged = [(run, xy) for run in runs if (xy := series(run.records, key))[0].size]
+    if not logged:
+        return None
+    xs, matrix = align_on_step([xy for _, xy in logged])
+    if x_axis in X_KEYS:
+        xs = mean_at_steps(xs, [series(run.records, X_KEYS[x_axis]) for run, _ in logged])
+        matrix = matrix[:, ~np.isnan(xs)]
+        xs = xs[~np.isnan(xs)]
+    if not xs.size:  # e.g. runs from before the trainer logged generated tokens
+        return None
+    return (xs, *reduce_band(matrix, band), len(logged))
+
+
+def style_axes(axes, key: str, x_axis: str) -> None:
+    axes.set(xlabel=X_AXES[x_axis], ylabel=axis_label(key))
+    if x_axis == "step":
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # no 1.5-step ticks on short runs
+    axes.grid(True, alpha=0.3)
+
+
 def plot_figure(
     spec: FigureSpec, groups: dict[str, list[Run]], colours: dict[str, str], x_axis: str, band: str, path: Path
 ) -> bool:
@@ -127,25 +155,15 @@ def plot_figure(
     legend: dict[str, object] = {}
     for axes, key in zip(figure.subplots(1, len(spec.panels), squeeze=False)[0], spec.panels):
         for label, runs in groups.items():
-            logged = [(run, xy) for run in runs if (xy := series(run.records, key))[0].size]
-            if not logged:
+            curve = group_curve(runs, key, x_axis, band)
+            if curve is None:
                 continue
-            xs, matrix = align_on_step([xy for _, xy in logged])
-            if x_axis in X_KEYS:
-                xs = mean_at_steps(xs, [series(run.records, X_KEYS[x_axis]) for run, _ in logged])
-                matrix = matrix[:, ~np.isnan(xs)]
-                xs = xs[~np.isnan(xs)]
-            if not xs.size:  # e.g. runs from before the trainer logged generated tokens
-                continue
-            mean, low, high = reduce_band(matrix, band)
+            xs, mean, low, high, count = curve
             line = draw_group(axes, xs, mean, low, high, colours[label], alpha=0.2 if len(groups) <= 3 else 0.1)
-            legend.setdefault(f"{label} (n={len(logged)})", line)
-        axes.set(xlabel=x_label, ylabel=axis_label(key))
-        if x_axis == "step":
-            axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # no 1.5-step ticks on short runs
+            legend.setdefault(f"{label} (n={count})", line)
+        style_axes(axes, key, x_axis)
         if len(spec.panels) > 1:
             axes.set_title(key)
-        axes.grid(True, alpha=0.3)
     if not legend:
         return False
     # left-aligned so a long title does not run under the legend at the upper right
@@ -156,14 +174,52 @@ def plot_figure(
     return True
 
 
-def plot_all(groups: dict[str, list[Run]], band: str, out_dir: Path) -> list[Path]:
-    """Every standard and per-benchmark figure against step, time and generated tokens; returns the PNGs written."""
+def plot_grid(spec: FigureSpec, groups: dict[str, list[Run]], colours: dict[str, str], x_axis: str, band: str,
+              path: Path) -> bool:
+    """Small multiples: one panel per group (its mean and band in its colour, every other group's mean in light grey
+    behind it, shared axes), one row of panels per metric of `spec`; False when no group has a point to draw."""
+    curves = {key: {label: group_curve(runs, key, x_axis, band) for label, runs in groups.items()}
+              for key in spec.panels}
+    if not any(curve is not None for by_group in curves.values() for curve in by_group.values()):
+        return False
+    columns = min(GRID_COLUMNS, len(groups))
+    rows_per_metric = -(-len(groups) // columns)
+    figure = Figure(figsize=(3.4 * columns + 0.5, 2.8 * rows_per_metric * len(spec.panels) + 0.6), layout="constrained")
+    # one metric: every panel on one y scale; several: each metric's rows on its own
+    grid = figure.subplots(rows_per_metric * len(spec.panels), columns, squeeze=False, sharex=True,
+                           sharey=len(spec.panels) == 1 or "row")
+    for metric_index, (key, by_group) in enumerate(curves.items()):
+        for index, label in enumerate(groups):
+            axes = grid[metric_index * rows_per_metric + index // columns][index % columns]
+            for other, curve in by_group.items():
+                if curve is not None and other != label:
+                    axes.plot(curve[0], curve[1], color="0.8", linewidth=0.8)
+            curve = by_group[label]
+            if curve is not None:
+                xs, mean, low, high, count = curve
+                draw_group(axes, xs, mean, low, high, colours[label], alpha=0.25)
+            axes.set_title(f"{label} (n={curve[4] if curve else 0})" + (f"\n{key}" if len(spec.panels) > 1 else ""),
+                           fontsize=8)
+            style_axes(axes, key, x_axis)
+        for index in range(len(groups), rows_per_metric * columns):  # the last row's empty panels
+            grid[metric_index * rows_per_metric + index // columns][index % columns].set_visible(False)
+    figure.suptitle(f"{spec.title} vs {X_AXES[x_axis]} (band: {band}; grey: the other groups' means)", x=0.01,
+                    ha="left")
+    figure.savefig(path, dpi=100)
+    return True
+
+
+def plot_all(groups: dict[str, list[Run]], band: str, out_dir: Path, layout: str = "auto") -> list[Path]:
+    """Every standard and per-benchmark figure against step, time and generated tokens; returns the PNGs written.
+    `layout`: overlay (every group on one axes), grid (small multiples, one panel per group) or auto (grid above
+    OVERLAY_MAX_GROUPS groups, where overlaid bands are no longer readable)."""
     colours = group_colours(groups)
     keys = {key for runs in groups.values() for run in runs for record in run.records for key in record}
+    draw = plot_grid if layout == "grid" or (layout == "auto" and len(groups) > OVERLAY_MAX_GROUPS) else plot_figure
     written = []
     for spec in (*FIGURES, *bench_figures(keys)):
         for x_axis in X_AXES:
             path = out_dir / f"{spec.slug}_vs_{x_axis}.png"
-            if plot_figure(spec, groups, colours, x_axis, band, path):
+            if draw(spec, groups, colours, x_axis, band, path):
                 written.append(path)
     return written

@@ -197,13 +197,28 @@ def same_value(a: str | None, b: str) -> bool:
         return False
 
 
+def matching_groups(groups: dict[str, list[Run]], selector: str) -> list[str]:
+    """The groups whose runs all carry the selector's overrides, e.g. 'algorithm=grpo' ('a=1 b=2': both)."""
+    wanted = parse_overrides(selector.split())
+    return [label for label, runs in groups.items()
+            if all(same_value(run.overrides.get(key), value) for run in runs for key, value in wanted.items())]
+
+
+def select_groups(groups: dict[str, list[Run]], selectors: list[str], keep: str | None) -> dict[str, list[Run]]:
+    """The groups any of `selectors` matches (matching_groups), and `keep` (the baseline) whatever they say; a selector
+    that matches no group is a one-line error listing the groups."""
+    chosen = set() if keep is None else {keep}
+    for selector in selectors:
+        matches = matching_groups(groups, selector)
+        if not matches:
+            raise ConfigError(f"--select {selector!r} matches no group; groups: {' | '.join(groups)}")
+        chosen.update(matches)
+    return {label: runs for label, runs in groups.items() if label in chosen}
+
+
 def find_group(groups: dict[str, list[Run]], selector: str) -> str:
     """The one group whose runs all carry the selector's overrides, e.g. 'algorithm=grpo'."""
-    wanted = parse_overrides(selector.split())
-    matches = [
-        label for label, runs in groups.items()
-        if all(same_value(run.overrides.get(key), value) for run in runs for key, value in wanted.items())
-    ]
+    matches = matching_groups(groups, selector)
     if len(matches) != 1:
         raise ConfigError(
             f"--baseline {selector!r} matches {len(matches)} groups, need exactly 1; groups: {' | '.join(groups)}"

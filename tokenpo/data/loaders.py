@@ -222,14 +222,14 @@ def table_examples(rows: Iterable[dict], spec: TableSpec, cfg: DataConfig, split
     return examples, report
 
 
-def check_local_files(cfg: DataConfig) -> None:
+def check_local_files(cfg: DataConfig) -> Example | None:
     """Start-up check of data.path, so a bad file stops the run before torch is imported or a model loads: each
     split's file exists and holds rows, its first CHECKED_ROWS rows parse (the first holding the problem and answer
     fields, every problem text), and a file read whole there yields an example. Hub datasets are checked when they
-    load."""
+    load. The training split's first example, where one was read."""
     if cfg.path is None or cfg.loader not in TABLE_SPECS:
-        return
-    spec = TABLE_SPECS[cfg.loader]
+        return None
+    spec, first = TABLE_SPECS[cfg.loader], None
     for which in WHICH:
         split = split_name(cfg, which)
         if split is None:
@@ -242,6 +242,19 @@ def check_local_files(cfg: DataConfig) -> None:
         # a shorter head is the whole file: its load would find nothing to train or evaluate on
         if not examples and len(head) < CHECKED_ROWS:
             raise no_usable_examples(which, report)
+        if which == "train" and examples:
+            first = examples[0]
+    return first
+
+
+def first_example(cfg: DataConfig) -> Example | None:
+    """The training split's first example where start-up reads it anyway or it costs nothing: a local file's (its
+    check, `check_local_files`), a generated split's (the built-in arithmetic); None for a hub dataset, which loads
+    later."""
+    if cfg.loader in TABLE_SPECS:
+        return check_local_files(cfg)
+    examples, _ = get_loader(cfg.loader)(cfg, "train")
+    return examples[0] if examples else None
 
 
 def no_usable_examples(which: str, report: LoadReport) -> ConfigError:
@@ -312,11 +325,13 @@ def load_split(cfg: DataConfig, which: str, seed: int, tokenizer=None) -> tuple[
 
 
 
-def load_splits(cfg: DataConfig, seed: int, tokenizer=None) -> tuple[list[Example], list[Example]]:
+def load_splits(cfg: DataConfig, seed: int, tokenizer=None,
+                announce: bool = True) -> tuple[list[Example], list[Example]]:
     """(train, eval) examples; a split whose name is null comes back empty, a named split must yield examples.
 
-    Each split's drop counts are logged in one line (a warning when rows were dropped). `tokenizer` counts prompt
-    tokens for data.max_prompt_tokens (see load_split).
+    Each split's drop counts are logged in one line (a warning when rows were dropped) where `announce` (start-up's
+    checks load the data before the trainer does: they leave the lines to it). `tokenizer` counts prompt tokens for
+    data.max_prompt_tokens (see load_split).
     """
     splits = []
     for which in WHICH:
@@ -324,7 +339,8 @@ def load_splits(cfg: DataConfig, seed: int, tokenizer=None) -> tuple[list[Exampl
             splits.append([])
             continue
         examples, report = load_split(cfg, which, seed, tokenizer)
-        logger.log(logging.WARNING if report.dropped else logging.INFO, "data %s: %s", cfg.name, report.summary())
+        if announce:
+            logger.log(logging.WARNING if report.dropped else logging.INFO, "data %s: %s", cfg.name, report.summary())
         if not examples:
             raise no_usable_examples(which, report)
         splits.append(examples)

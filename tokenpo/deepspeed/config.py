@@ -13,9 +13,10 @@ class DeepSpeedConfig:
     offload_optimizer: bool = setting(False,
         "Keep optimizer states in CPU memory (ZeRO 1-3; slower, frees accelerator memory)")
     offload_param: bool = setting(False, "Keep parameters in CPU memory (ZeRO-3 only)")
-    precision: str = setting("fp32",
-        "Training precision: fp32 | bf16 (bf16 needs an accelerator or a CPU with fast bf16)",
-        choices=("fp32", "bf16"), requirement="fp32 or bf16")
+    precision: str = setting("auto",
+        "Training precision: auto (bf16 when model.dtype is bfloat16, else fp32: a model preset's dtype brings the "
+        "precision it needs) | fp32 | bf16 (bf16 needs an accelerator or a CPU with fast bf16)",
+        choices=("auto", "fp32", "bf16"), requirement="auto, fp32 or bf16")
     overlap_comm: bool = setting(False,
         "Overlap gradient reduction with the backward pass (ZeRO-2 only, under tokenpo's caller-owned accumulation)")
     reduce_bucket_size: int = setting(50_000_000, "Gradient bucket size in elements for reduce/all-reduce")

@@ -34,19 +34,20 @@ class Benchmark:
 
 def load_benchmark(eval_cfg: EvalConfig, data_cfg: DataConfig, seed: int, tokenizer,
                    data_eval: list[Example] | None = None, train: list[Example] | None = None,
-                   data_key: str = "eval.data") -> tuple[list[Example], DataConfig]:
+                   data_key: str = "eval.data", announce: bool = True) -> tuple[list[Example], DataConfig]:
     """(the first eval.max_problems problems, the data config they come from).
 
     eval.data set: that dataset's eval split. eval.data null: the eval split of `data_cfg`; `data_eval` is that
     split when the caller already loaded it (the trainer loads it with the training split), else it is read here.
     `tokenizer` counts prompt tokens for the benchmark's data.max_prompt_tokens. Problems whose text is also in
     `train` (the run's training split) are left out before the cut, and counted in one log line. Errors in
-    eval.data name it as `data_key` (eval.extra[i].data for an extra benchmark).
+    eval.data name it as `data_key` (eval.extra[i].data for an extra benchmark). `announce`: log the load lines
+    (start-up's checks leave them to the trainer).
     """
     if eval_cfg.data is not None:
         with data_keys_under(data_key):
             data_cfg = data_config_from_dict(eval_cfg.data)
-            _, examples = load_splits(data_cfg, seed, tokenizer)
+            _, examples = load_splits(data_cfg, seed, tokenizer, announce)
     elif data_eval is not None:
         examples = data_eval
     elif data_cfg.eval_split is None:
@@ -54,11 +55,11 @@ def load_benchmark(eval_cfg: EvalConfig, data_cfg: DataConfig, seed: int, tokeni
                           "(pick a benchmark with eval=<name> or set data.eval_split)")
     else:
         # only the eval split: a benchmark run must not need (or download) the training split
-        _, examples = load_splits(replace(data_cfg, train_split=None), seed, tokenizer)
+        _, examples = load_splits(replace(data_cfg, train_split=None), seed, tokenizer, announce)
     if train:
         seen = {example.problem.strip() for example in train}
         unseen = [example for example in examples if example.problem.strip() not in seen]
-        if len(unseen) < len(examples):
+        if len(unseen) < len(examples) and announce:
             log.info("eval %s: left out %d of %d problems that are also in the training split",
                      eval_cfg.name, len(examples) - len(unseen), len(examples))
         examples = unseen

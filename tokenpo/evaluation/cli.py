@@ -38,8 +38,8 @@ log = logging.getLogger("tokenpo")
 
 # `org/name` as the hub spells repository ids
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-# where results of hub models go when output_dir is null (a hub id has no folder of its own)
-HUB_OUTPUT_ROOT = Path("outputs/eval")
+# where results go when output_dir is null: under the current directory, never inside the evaluated folder
+OUTPUT_ROOT = Path("outputs/eval")
 SETTINGS = ("model_path", "adapter_path", "output_dir", "dtype", "attn_implementation", "trust_remote_code", "seed",
             "print_samples")
 GROUPS = ("eval", "data", "reward", "rollout")
@@ -105,10 +105,15 @@ def adapter_and_base(model_path, adapter_path) -> tuple[str | None, Path | None]
 
 
 def default_output_dir(model_path: str, model: ModelConfig, benchmark: str) -> Path:
-    """Next to the evaluated weights: <run dir or model folder>/eval_<benchmark>; outputs/eval/<org>__<name>/... for hub ids."""
+    """outputs/eval/<model>/eval_<benchmark> under the current directory, outside the evaluated folder (which may be
+    a committed run): <model> is <org>__<name> for a hub id, else <parent>__<name> of the run dir or model folder
+    (a run's final/ or final/adapter named by its run dir)."""
     if model.source == "hub":
-        return HUB_OUTPUT_ROOT / model.name / f"eval_{benchmark}"
-    return Path(str(model_path)).expanduser() / f"eval_{benchmark}"
+        return OUTPUT_ROOT / model.name / f"eval_{benchmark}"
+    path = Path(str(model_path)).expanduser().resolve()
+    while path.name in ("final", "adapter") and path.parent != path:
+        path = path.parent
+    return OUTPUT_ROOT / f"{path.parent.name}__{path.name}" / f"eval_{benchmark}"
 
 
 def build_eval_run(tree: DictConfig | dict) -> EvalRun:

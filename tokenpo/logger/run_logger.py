@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tokenpo.logger.config import LoggerConfig
+from tokenpo.logger.console import Parameters, final_values, parameter_counts, run_header, step_line
 from tokenpo.logger.wandb_files import offline_steps
 
 if TYPE_CHECKING:
@@ -18,9 +19,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tokenpo")
 
 SAMPLES_FILE = "samples.jsonl"
-CONSOLE_KEYS = (("reward/mean", "reward"), ("accuracy", "acc"), ("entropy/mean", "entropy"),
-                ("response_length/mean", "len"), ("loss", "loss"), ("kl/ref", "kl_ref"),
-                ("timing/step_s", "s/step"), ("eval/accuracy", "eval_acc"))
 
 
 def wandb_mode(cfg: LoggerConfig) -> str:
@@ -63,6 +61,10 @@ class RunLogger:
         run_dir = identity.run_dir
         self.cfg = cfg
         self.enabled = enabled
+        self.config = identity.config  # the resolved run config: the header and summary.json read it
+        self.max_steps = (identity.config.get("trainer") or {}).get("max_steps")
+        self.last: dict = {}  # the last training step's metrics (summary.json's final values)
+        self.parameters: Parameters | None = None
         self.path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / SAMPLES_FILE
         self.wandb_run = None
@@ -110,9 +112,26 @@ class RunLogger:
             f.write(json.dumps(record) + "\n")
         if self.wandb_run is not None:
             self.wandb_run.log(metrics, step=step)
+        if step:
+            self.last = dict(metrics)
         if step % self.cfg.console_every == 0 or "eval/accuracy" in metrics:
-            parts = [f"{label} {metrics[key]:.3g}" for key, label in CONSOLE_KEYS if key in metrics]
-            log.info("step %d | %s", step, " | ".join(parts))
+            log.info("%s", step_line(step, self.max_steps, metrics))
+
+    def describe_run(self, module) -> None:
+        """The run's header line (algorithm, seed, parameters trained / total, LoRA, batch, checkpoints), logged
+        once at the start; the parameter counts go to summary.json too."""
+        self.parameters = parameter_counts(module)
+        if self.enabled:
+            log.info("%s", run_header(self.config, self.parameters))
+
+    def outcome(self) -> dict:
+        """What summary.json adds to the run's state: the algorithm, seed, parameters and the last step's values."""
+        algorithm = (self.config.get("algorithm") or {}).get("name")
+        summary = {"algorithm": algorithm, "seed": self.config.get("seed"), "max_steps": self.max_steps}
+        if self.parameters is not None:
+            summary.update(parameters=self.parameters.total, trained_parameters=self.parameters.trained,
+                           lora_rank=((self.config.get("model") or {}).get("lora") or {}).get("rank", 0))
+        return {**summary, **final_values(self.last)}
 
     def log_samples(self, step: int, table: str, rows: list[dict]) -> None:
         """`rows` (tokenpo.logger.samples) as the W&B table samples/<table> at `step`, and appended to samples.jsonl

@@ -115,8 +115,8 @@ class ModelConfig:
         "Where to take the tokenizer from when source=tiny (a model config name)")
     cache_dir: str = setting("~/.cache/tokenpo/models", "Cache of converted checkpoints")
     dtype: str = setting("float32",
-        "Parameter dtype: float32 | bfloat16 (needs deepspeed.precision=bf16; slow on CPUs without AMX); float16 "
-        "refused", choices=DTYPES)
+        "Parameter dtype: float32 | bfloat16 (trains with deepspeed.precision=bf16, which auto picks; slow on CPUs "
+        "without AMX); float16 refused", choices=DTYPES)
     attn_implementation: str = setting("sdpa", "Attention kernel: sdpa | eager | flash_attention_2")
     gradient_checkpointing: bool = setting(False, "Trade compute for memory in the backward pass")
     trust_remote_code: bool = setting(False, "Run model code from the hub repo (needed by some architectures)")

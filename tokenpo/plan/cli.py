@@ -1,8 +1,14 @@
-"""`python -m tokenpo.plan <the overrides of tokenpo.train>`: will this run fit in memory, per process?
+"""`tokenpo-plan` / `python -m tokenpo.plan <the overrides of tokenpo.train>`: will this run fit in memory, per
+process, as it would start here?
 
-    python -m tokenpo.plan experiment=paper/gtpo_qwen2_5_7b --device-memory 80GiB
-    python -m tokenpo.plan model=tiny rollout.max_new_tokens=512 --json
-    python -m tokenpo.plan --device cpu --prompt-tokens data      # the main job, planned from its data's prompts
+    tokenpo-plan                                                   # the main job, on this machine
+    tokenpo-plan model=qwen2_5_math_1_5b rollout=vllm              # on this machine's GPU, with vLLM's headroom
+    tokenpo-plan experiment=paper/gtpo_qwen2_5_7b --device cuda --device-memory 80GiB
+    tokenpo-plan model=tiny rollout.max_new_tokens=512 --json
+
+By default it plans what start-up plans: the device this machine has (CUDA where torch finds one, else the CPU) and
+its memory (trainer.memory_limit where set, else the GPU's memory, or the RAM on CPU), the processes of the run and the
+longest prompt of the run's data under its template, counted by the model's tokenizer; each can be overridden.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ import argparse
 import json
 import os
 import sys
+import dataclasses
+from dataclasses import dataclass
 
 from hydra import initialize_config_dir
 
@@ -18,9 +26,11 @@ from tokenpo import CONF_DIR
 from tokenpo.config import TrainConfig
 from tokenpo.errors import ConfigError
 from tokenpo.plan.context import run_prompt_lengths
-from tokenpo.plan.memory import MemoryPlan, build_plan, cuda_memory
+from tokenpo.plan.memory import DEFAULT_PROMPT_TOKENS, MemoryPlan, build_plan, cuda_memory, device_type, host_memory
+from tokenpo.plan import parts as P
 from tokenpo.plan.units import format_bytes, parse_bytes
 from tokenpo.preflight import check_command_line, compose_and_validate
+from tokenpo.progress import quiet_library_bars
 
 
 def compose_train_config(overrides: list[str]) -> TrainConfig:
@@ -36,9 +46,79 @@ def run_world_size(cfg: TrainConfig) -> int:
     return max(local, int(os.environ.get("WORLD_SIZE", "1")))
 
 
-def describe(plan: MemoryPlan, cfg: TrainConfig) -> str:
+@dataclass(frozen=True)
+class Target:
+    """What a plan is made for, and where each value came from (the header line says)."""
+
+    device: str  # cuda | cpu
+    device_from: str
+    memory: int | None
+    memory_from: str
+    prompt_tokens: int
+    prompt_from: str
+
+    def line(self) -> str:
+        memory = "no memory given" if self.memory is None else f"{format_bytes(self.memory)} ({self.memory_from})"
+        return (f"planned for: {self.device} ({self.device_from}), {memory}; longest prompt {self.prompt_tokens} "
+                f"tokens ({self.prompt_from})")
+
+
+def plan_target(cfg: TrainConfig, args: argparse.Namespace) -> Target:
+    """The device, its memory and the longest prompt the run would start with here, unless the arguments say."""
+    device, device_from = (args.device, "--device") if args.device else (device_type(), "detected on this machine")
+    if args.device_memory:
+        memory, memory_from = parse_bytes(args.device_memory, "--device-memory"), "--device-memory"
+    elif cfg.trainer.memory_limit is not None:
+        memory, memory_from = parse_bytes(cfg.trainer.memory_limit, "trainer.memory_limit"), "trainer.memory_limit"
+    elif device == "cuda":
+        memory, memory_from = cuda_memory(), "the GPU's memory"
+    else:
+        memory, memory_from = host_memory(), "this machine's RAM"
+    if isinstance(args.prompt_tokens, int):
+        return Target(device, device_from, memory, memory_from, args.prompt_tokens, "--prompt-tokens")
+    try:
+        longest = run_prompt_lengths(cfg).train
+        prompt_from = "the data's longest under its template, as start-up counts it"
+    except ConfigError as err:  # the model's tokenizer or the data is not on this machine: plan for another one
+        if args.prompt_tokens == "data":
+            raise
+        longest = cfg.data.max_prompt_tokens or DEFAULT_PROMPT_TOKENS
+        key = "data.max_prompt_tokens" if cfg.data.max_prompt_tokens else "assumed"
+        prompt_from = (f"{key}: the data's prompts cannot be counted here ({str(err)[:120]}...); --prompt-tokens N "
+                       "sets it")
+    return Target(device, device_from, memory, memory_from, longest, prompt_from)
+
+
+def vllm_lines(plan: MemoryPlan) -> list[str]:
+    """vLLM's share and what it holds beside the other parts: the headroom a total equal to the device hides."""
+    share = plan.vllm
+    if share is None:
+        return []
+    lines = [f"vLLM: {format_bytes(share.total)} = {format_bytes(share.weights)} weights + "
+             f"{format_bytes(share.kv_cache)} KV cache and working memory, room for ~{share.sequences:,} sequences of "
+             f"the longest prompt + max_new_tokens: {share.sequences / max(1, share.rows):.1f}x the {share.rows} one "
+             "process generates at once (vLLM schedules the rest in turns)"]
+    if plan.device_memory is not None:
+        vllm = next(part for part in plan.parts if part.name == P.VLLM_PART)
+        others = dataclasses.replace(plan, parts=[part for part in plan.parts if part is not vllm])
+        always, generation = others.phase_bytes(P.ALWAYS), others.phase_bytes(P.GENERATION)
+        if vllm.phase == P.GENERATION:
+            held = (f"while generating, vLLM's {format_bytes(share.total)} sits beside the other parts' "
+                    f"{format_bytes(always + generation)}; during the update it sleeps and they peak at "
+                    f"{format_bytes(always + others.phase_bytes(P.UPDATE))}")
+        else:
+            held = (f"vLLM's {format_bytes(share.total)} is held all run beside the other parts' peak of "
+                    f"{format_bytes(others.total_bytes)}")
+        free = plan.device_memory - plan.total_bytes
+        lines.append(f"headroom: {held}; {format_bytes(max(0, free))} of the {format_bytes(plan.device_memory)} left"
+                     + (" (rollout.vllm.gpu_memory_utilization=null: vLLM takes what the other parts leave)"
+                        if abs(free) < 2**20 else ""))
+    return lines
+
+
+def describe(plan: MemoryPlan, cfg: TrainConfig, target: Target | None = None) -> str:
     shapes, deepspeed = plan.shapes, cfg.deepspeed
-    lines = [
+    lines = [*([target.line()] if target else []),
         f"memory plan per process: {cfg.model.name}, {plan.params:,} parameters ({plan.trainable_params:,} trained; "
         f"{plan.architecture_source}); {shapes.world} process(es), ZeRO {deepspeed.stage}, {deepspeed.precision}",
         f"shapes: prompt {shapes.prompt_tokens} + response {shapes.new_tokens} tokens; {shapes.rollout_rows} "
@@ -55,6 +135,7 @@ def describe(plan: MemoryPlan, cfg: TrainConfig) -> str:
                    + ("fits" if plan.fits else "DOES NOT FIT"))
     lines.append(f"total {format_bytes(plan.total_bytes)} ({plan.total_bytes} bytes) at the {plan.peak_phase} "
                  f"phase's peak{verdict}")
+    lines += vllm_lines(plan)
     if plan.fits is False:
         if plan.suggestions:
             first, *others = plan.suggestions
@@ -76,31 +157,36 @@ def prompt_tokens_arg(value: str) -> int | str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tokenpo.plan", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="tokenpo-plan", description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="the overrides of tokenpo.train (key=value, group=option)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (total_bytes, parts)")
-    parser.add_argument("--device-memory", help="memory of one device, e.g. 80GiB (default: the CUDA device's)")
+    parser.add_argument("--device-memory", help="memory of one device, e.g. 80GiB (default: trainer.memory_limit, "
+                                                "else the GPU's memory, or the RAM on CPU)")
     parser.add_argument("--world-size", type=int, help="processes in all (default: trainer.nproc, or WORLD_SIZE)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="what the processes run on (only the runtime part differs; default: cuda)")
+    parser.add_argument("--device", choices=("cuda", "cpu"),
+                        help="what the processes run on (default: this machine's, CUDA where torch finds a GPU)")
     parser.add_argument("--prompt-tokens", type=prompt_tokens_arg,
-                        help="longest prompt in tokens, or 'data': the longest of the run's data under its template, "
-                             "counted by the model's tokenizer, as tokenpo.train plans at start-up (default: "
-                             "data.max_prompt_tokens, else 512)")
-    return parser.parse_args(argv)
+                        help="longest prompt in tokens (default, or 'data': the longest of the run's data under its "
+                             "template, counted by the model's tokenizer, as tokenpo.train plans at start-up)")
+    return parser.parse_intermixed_args(argv)  # overrides before, between or after the options
 
 
 def main(argv: list[str] | None = None) -> None:
+    quiet_library_bars()  # a tokenizer's or dataset's download bars into a pipe: only the plan's lines
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         cfg = compose_train_config(args.overrides)
-        device_memory = parse_bytes(args.device_memory, "--device-memory") if args.device_memory else cuda_memory()
         world = args.world_size or run_world_size(cfg)
         if world < 1:
             raise ConfigError(f"--world-size must be >= 1, got {world}")
-        prompt_tokens = run_prompt_lengths(cfg).train if args.prompt_tokens == "data" else args.prompt_tokens
-        plan = build_plan(cfg, world, device_memory, prompt_tokens, device=args.device)
+        target = plan_target(cfg, args)
+        plan = build_plan(cfg, world, target.memory, target.prompt_tokens, device=target.device)
     except ConfigError as err:
         print(f"tokenpo.plan: error: {err}", file=sys.stderr)
         sys.exit(2)
-    print(json.dumps(plan.as_json(), indent=1) if args.json else describe(plan, cfg))
+    if args.json:
+        print(json.dumps({**plan.as_json(), "device": target.device, "memory_from": target.memory_from,
+                          "prompt_from": target.prompt_from}, indent=1))
+    else:
+        print(describe(plan, cfg, target))

@@ -67,10 +67,12 @@ def run_prompt_lengths(cfg: TrainConfig) -> PromptLengths:
     from tokenpo.evaluation.benchmark import load_benchmark
 
     tokenizer = run_tokenizer(cfg)
-    train, train_eval = load_splits(cfg.data, cfg.seed, tokenizer)
+    # the load lines are the trainer's, which loads the data again: one line per split on the console
+    train, train_eval = load_splits(cfg.data, cfg.seed, tokenizer, announce=False)
     longest_eval = 0
     for bench, key in zip(cfg.eval.benchmarks(), cfg.eval.data_keys()):
-        examples, data_cfg = load_benchmark(bench, cfg.data, cfg.seed, tokenizer, train_eval, train, key)
+        examples, data_cfg = load_benchmark(bench, cfg.data, cfg.seed, tokenizer, train_eval, train, key,
+                                            announce=False)
         longest_eval = max(longest_eval, longest_prompt(examples, tokenizer, data_cfg))
     return PromptLengths(train=longest_prompt(train, tokenizer, cfg.data), eval=longest_eval)
 

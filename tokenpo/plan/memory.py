@@ -59,6 +59,25 @@ class ChangeOption(NamedTuple):
     cfg: TrainConfig
 
 
+@dataclass(frozen=True)
+class VllmShare:
+    """vLLM's part of a plan: its weights and the KV cache the rest of its bytes hold, in sequences of the longest
+    prompt + max_new_tokens, against the sequences one process generates at once (the headroom)."""
+
+    total: int  # the part's bytes
+    weights: int
+    one_sequence: int  # KV-cache bytes of one prompt + max_new_tokens sequence
+    rows: int  # sequences one process generates at once
+
+    @property
+    def kv_cache(self) -> int:
+        return max(0, self.total - self.weights)
+
+    @property
+    def sequences(self) -> int:
+        return self.kv_cache // max(1, self.one_sequence)
+
+
 @dataclass
 class MemoryPlan:
     parts: list[P.Part]
@@ -68,6 +87,7 @@ class MemoryPlan:
     architecture_source: str
     device_memory: int | None
     suggestions: list[Suggestion] = field(default_factory=list)
+    vllm: VllmShare | None = None  # the rollout=vllm engine's share
 
     def phase_bytes(self, phase: str) -> int:
         return sum(part.bytes for part in self.parts if part.phase == phase)
@@ -102,6 +122,9 @@ class MemoryPlan:
             "parts": {part.name: {"bytes": part.bytes, "phase": part.phase, "host_bytes": part.host_bytes,
                                   "note": part.note} for part in self.parts},
             "suggestions": [suggestion._asdict() for suggestion in self.suggestions],
+            "vllm": None if self.vllm is None else {"bytes": self.vllm.total, "weights": self.vllm.weights,
+                                                    "kv_cache": self.vllm.kv_cache, "sequences": self.vllm.sequences,
+                                                    "rows_at_once": self.vllm.rows},
         }
 
 
@@ -201,11 +224,15 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
         parts[at] = P.gradients_in_backward(trainable, elem, output_layer, activations.bytes + head.bytes)
     parts += P.zero3_gather(params, elem, deepspeed.stage, world, deepspeed.stage3_prefetch_bucket_size,
                             deepspeed.stage3_max_live_parameters, rollout.engine == "hf")
+    share = None
     if rollout.engine == "vllm":
         # after the other parts: unsized, vLLM gets what they leave
-        parts.insert(rollout_at, vllm_part(rollout.vllm, arch, shapes, params, model_elem, parts, device_memory,
-                                           device))
-    return MemoryPlan(parts, shapes, params, trainable, source, device_memory)
+        part = vllm_part(rollout.vllm, arch, shapes, params, model_elem, parts, device_memory, device)
+        parts.insert(rollout_at, part)
+        elem = vllm_elem(rollout.vllm, model_elem)
+        share = VllmShare(part.bytes, params * elem, P.kv_cache_bytes(arch, 1, shapes.prompt_tokens + shapes.new_tokens,
+                                                                       elem), shapes.rollout_rows)
+    return MemoryPlan(parts, shapes, params, trainable, source, device_memory, vllm=share)
 
 
 def packing(cfg: TrainConfig) -> str | None:
@@ -219,12 +246,17 @@ def packing(cfg: TrainConfig) -> str | None:
     return "flash" if is_flash_attention(implementation) else "eager"
 
 
+def vllm_elem(v: VLLMConfig, model_elem: int) -> int:
+    """Bytes per element of vLLM's weights and KV cache: rollout.vllm.dtype, auto the policy's."""
+    return model_elem if v.dtype == "auto" else P.DTYPE_BYTES[v.dtype]
+
+
 def vllm_part(v: VLLMConfig, arch: Architecture, shapes: Shapes, params: int, model_elem: int, others: list[P.Part],
               device_memory: int | None, device: str) -> P.Part:
     """vLLM as the engine sizes it on `device` (tokenpo.rollout.config.vllm_sizing): its KV cache's size when one is
     set (on CPU 1 GiB when null), else its share of the device, which with gpu_memory_utilization null is what the
     `others` parts leave."""
-    elem = model_elem if v.dtype == "auto" else P.DTYPE_BYTES[v.dtype]
+    elem = vllm_elem(v, model_elem)
     asleep = v.sleep_mode and device == "cuda"  # vLLM has no sleep mode on CPU
     kv_cache = vllm_sizing(v, device).kv_cache_bytes
     budget = None
@@ -280,7 +312,7 @@ def with_vllm_share(cfg: TrainConfig, world: int) -> RolloutConfig:
 
 
 def vllm_bytes(plan: MemoryPlan) -> int:
-    return next(part.bytes for part in plan.parts if part.name == "rollout (vllm)")
+    return next(part.bytes for part in plan.parts if part.name == P.VLLM_PART)
 
 
 def replace_share(rollout: RolloutConfig, share: float) -> RolloutConfig:
@@ -412,6 +444,13 @@ def cuda_free_memory() -> tuple[int, int] | None:
     import torch
 
     return torch.cuda.mem_get_info()
+
+
+def host_memory() -> int:
+    """This machine's RAM in bytes: what a CPU run's processes share."""
+    import psutil
+
+    return psutil.virtual_memory().total
 
 
 def device_type() -> str:

@@ -133,6 +133,10 @@ def ahead_generator(arch: Architecture, params: int, rows: int, prompt_tokens: i
                 host_bytes=shared + (0 if on_device else own))
 
 
+# the rollout=vllm engine's part (tokenpo.plan.cli reads its headroom by this name)
+VLLM_PART = "rollout (vllm)"
+
+
 def vllm_rollout(weights: int, kv_cache: int | None, budget: int | None, min_kv_cache: int, asleep: bool) -> Part:
     """vLLM's own copy of the weights and its KV cache: weights + kv_cache when its size is set, else the budget vLLM
     sizes its KV cache in (gpu_memory_utilization x the device, or what the plan's other parts leave it), at least
@@ -140,11 +144,11 @@ def vllm_rollout(weights: int, kv_cache: int | None, budget: int | None, min_kv_
     has a sleep mode (on CUDA): then it shares the generation phase's memory only."""
     phase = GENERATION if asleep else ALWAYS
     if kv_cache is not None:
-        return Part("rollout (vllm)", weights + kv_cache, phase, f"weights + {format_bytes(kv_cache)} KV cache")
+        return Part(VLLM_PART, weights + kv_cache, phase, f"weights + {format_bytes(kv_cache)} KV cache")
     if budget is None:
-        return Part("rollout (vllm)", weights + min_kv_cache, phase, "weights + one sequence's KV cache: its share of "
+        return Part(VLLM_PART, weights + min_kv_cache, phase, "weights + one sequence's KV cache: its share of "
                                                                      "an unknown device (pass --device-memory)")
-    return Part("rollout (vllm)", max(budget, weights + min_kv_cache), phase,
+    return Part(VLLM_PART, max(budget, weights + min_kv_cache), phase,
                 "weights + KV cache in its share of the device (gpu_memory_utilization, or what the other parts leave)")
 
 

@@ -7,7 +7,7 @@ from tokenpo.rewards.config import RewardConfig, resolve, reward_config_from_dic
 from tokenpo.rewards.extract import extract_answer
 from tokenpo.rewards.judging import format_reward, judge, resolve_answer_format
 from tokenpo.rewards.numbers import parse_answer_number, parse_gold_number
-from tokenpo.rewards.pool import RewardScorer, Scorer
+from tokenpo.rewards.pool import Judged, Question, RewardScorer, Scorer, question
 from tokenpo.rewards.spec import AnswerSpec, answer_spec
 from tokenpo.rewards.user_fn import load_reward_fn
 from tokenpo.rewards.verdicts import (
@@ -19,6 +19,7 @@ from tokenpo.rewards.verdicts import (
     TIMEOUT,
     VERDICTS,
     WRONG,
+    correct_counts,
     count_verdicts,
 )
 
@@ -32,10 +33,13 @@ __all__ = [
     "VERDICTS",
     "WRONG",
     "AnswerSpec",
+    "Judged",
+    "Question",
     "RewardConfig",
     "RewardScorer",
     "Scorer",
     "answer_spec",
+    "correct_counts",
     "count_verdicts",
     "extract_answer",
     "format_reward",
@@ -43,6 +47,7 @@ __all__ = [
     "load_reward_fn",
     "parse_answer_number",
     "parse_gold_number",
+    "question",
     "resolve",
     "resolve_answer_format",
     "reward_config_from_dict",

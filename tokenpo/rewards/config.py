@@ -6,6 +6,7 @@ from typing import Mapping
 
 from tokenpo.schema import build, check_field, check_fields, setting
 from tokenpo.rewards.extract import ANSWER_FORMATS, ANSWER_PATTERNS, FALLBACKS
+from tokenpo.rewards.weighted import DEFAULT_FUNCTIONS, check_entries
 
 # Fields a dataset may set (arith: number + last_number; math: expression); null here defers to the dataset.
 DATASET_FIELDS = ("answer_format", "answer_pattern", "fallback")
@@ -27,9 +28,14 @@ class RewardConfig:
     """The `reward` section; conf/reward/default.yaml writes each field with its help and default."""
 
     fn: str | None = setting(None,
-        'User reward function "package.module:function" with verify\'s signature (response, gold) -> bool | null; null '
-        "= built-in check.",
+        'User verifier "package.module:function" with verify\'s signature (response, gold) -> bool | null, in place of '
+        "the built-in check (the verdict: training and held-out accuracy); null = built-in check.",
         check=_is_entry_point, requirement="null or 'package.module:function'")
+    functions: list = setting([dict(entry) for entry in DEFAULT_FUNCTIONS],
+        "The training reward: weighted reward functions [{fn, weight}], summed; fn is correctness (the verdict: 1 "
+        'correct, 0 not, null unreadable gold) or "package.module:function" called as (response, gold, prompt, '
+        "fields) -> float (partial credit) | null; the reward is algorithm.reward.wrong + (correct - wrong) x the sum "
+        "(docs/rewards.md).")
     answer_format: str | None = setting(None,
         "Answer check: number (one numeric literal, only a unit word beside it, compared exactly; `15 + 54` is wrong, "
         "resists echoing the question), expression (math-verify equivalence), auto (number when the gold is a plain "
@@ -77,6 +83,7 @@ class RewardConfig:
 
     def validate(self) -> "RewardConfig":
         check_fields(self, "reward")
+        check_entries(self.functions)
         return self
 
 

@@ -26,25 +26,31 @@ from tokenpo.rewards.judging import expression_libraries, judge
 from tokenpo.rewards.spec import AnswerSpec, answer_spec
 from tokenpo.rewards.user_fn import load_reward_fn, user_fn_verdict
 from tokenpo.rewards.verdicts import ERROR, TIMEOUT
+from tokenpo.rewards.weighted import load_functions, weighted_score
 
 logger = logging.getLogger(__name__)
+# the score of a response that timed out, or whose scoring failed: nothing earned, as a wrong answer (it stays in the
+# loss, as those verdicts always have)
+FAILED_SCORE = 0.0
 
 # How long past reward.timeout_s a worker may run before it is killed: its own timer fires at timeout_s to
 # the millisecond (tokenpo.rewards.judging._time_limit), so this only covers sending that verdict back.
 KILL_GRACE_S = 0.5
 
 
-def _worker_main(conn: Connection, fn_path: str | None, spec: AnswerSpec) -> None:
-    """Worker process: score (response, gold) jobs from `conn` until it sends None or closes."""
+def _worker_main(conn: Connection, fn_path: str | None, spec: AnswerSpec, entries: tuple) -> None:
+    """Worker process: score (response, gold, prompt, fields, scored) jobs from `conn` until it sends None or closes:
+    each one's verdict, error text and (where `scored`) score, reward.functions' weighted sum."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it stops the workers
     try:
         user_fn = None if fn_path is None else load_reward_fn(fn_path)
+        functions = load_functions(entries)
     except ConfigError as error:
-        conn.send(("init_error", str(error)))
+        conn.send(("init_error", str(error), None))
         return
     if user_fn is None and spec.answer_format != "number":
         expression_libraries()  # math-verify's import (a second or more) before "ready", outside any item's clock
-    conn.send(("ready", None))
+    conn.send(("ready", None, None))
     while True:
         try:
             job = conn.recv()
@@ -52,14 +58,13 @@ def _worker_main(conn: Connection, fn_path: str | None, spec: AnswerSpec) -> Non
             return
         if job is None:
             return
-        response, gold = job
+        response, gold, prompt, fields, scored = job
         try:
-            if user_fn is not None:
-                outcome = (user_fn_verdict(user_fn, response, gold), None)
-            else:
-                outcome = (judge(response, gold, spec), None)
+            verdict = user_fn_verdict(user_fn, response, gold) if user_fn is not None else judge(response, gold, spec)
+            score = weighted_score(functions, verdict, response, gold, prompt, fields) if scored else None
+            outcome = (verdict, None, score)
         except Exception as error:
-            outcome = (ERROR, f"{type(error).__name__}: {error}")
+            outcome = (ERROR, f"{type(error).__name__}: {error}", FAILED_SCORE)
         conn.send(outcome)
 
 
@@ -92,8 +97,9 @@ class _Worker:
 class _Batch:
     """One score() call's progress: responses not yet sent to a worker, and the verdicts so far."""
 
-    pending: deque  # (index, response, gold) not yet sent to a worker
+    pending: deque  # (index, job) not yet sent to a worker; a job: (response, gold, prompt, fields, scored)
     verdicts: list
+    scores: list
     missing: int
     errors: dict[int, str] = field(default_factory=dict)  # index -> why that response scored ERROR
 
@@ -101,6 +107,29 @@ class _Batch:
 class Scorer(Protocol):
     def score(self, responses: Sequence[str], golds: Sequence[str]) -> list[str]:
         """One verdict (tokenpo.rewards.verdicts) per response against its gold, in order."""
+
+
+@dataclass(frozen=True)
+class Judged:
+    """Responses judged: each one's verdict and score (reward.functions' weighted sum; None: out of the loss)."""
+
+    verdicts: list[str]
+    scores: list[float | None]
+
+
+@dataclass(frozen=True)
+class Question:
+    """What a response answers, as reward functions read it: the gold answer, the prompt's problem text and the
+    example's other fields."""
+
+    gold: str
+    prompt: str = ""
+    fields: dict = field(default_factory=dict)
+
+
+def question(example) -> Question:
+    """The question of a data example (tokenpo.data.Example: its answer, problem text and meta fields)."""
+    return Question(example.answer, example.problem, dict(example.meta))
 
 
 class RewardScorer:
@@ -115,8 +144,9 @@ class RewardScorer:
         spec = answer_spec(cfg)
         if cfg.fn is not None:
             load_reward_fn(cfg.fn)  # a bad path fails here, at start-up, rather than in every worker
+        load_functions(cfg.functions)
         self.config = cfg  # what it judges by: a caller with another config needs its own scorer
-        self._worker_args = (cfg.fn, spec)
+        self._worker_args = (cfg.fn, spec, tuple(dict(entry) for entry in cfg.functions))
         self._item_limit_s = cfg.timeout_s + KILL_GRACE_S
         self._max_items = cfg.worker_max_items
         self._max_rss_bytes = None if cfg.worker_max_rss_mb is None else cfg.worker_max_rss_mb * 2**20
@@ -131,11 +161,19 @@ class RewardScorer:
         """The verdicts of `responses` against `golds`, in order; blocks until all are in."""
         if len(responses) != len(golds):
             raise ValueError(f"got {len(responses)} responses but {len(golds)} gold answers")
+        return self.judge(responses, [Question(gold) for gold in golds], scored=False).verdicts
+
+    def judge(self, responses: Sequence[str], questions: Sequence[Question], scored: bool = True) -> Judged:
+        """Each response's verdict against its question's gold and (`scored`) its score, reward.functions' weighted
+        sum, in order; blocks until all are in."""
+        if len(responses) != len(questions):
+            raise ValueError(f"got {len(responses)} responses but {len(questions)} questions")
         if self._closed:
             raise RuntimeError("RewardScorer is closed")
         if self._failure is not None:
             raise RuntimeError(self._failure)
-        batch = _Batch(deque(zip(range(len(responses)), responses, golds)), [None] * len(responses), len(responses))
+        jobs = [(response, q.gold, q.prompt, q.fields, scored) for response, q in zip(responses, questions)]
+        batch = _Batch(deque(enumerate(jobs)), [None] * len(responses), [None] * len(responses), len(responses))
         try:
             while batch.missing and self._failure is None:
                 self._step(batch)
@@ -152,7 +190,7 @@ class RewardScorer:
             logger.warning(
                 "reward: %d of %d responses scored 'error'; first: %s", len(batch.errors), len(responses), first
             )
-        return batch.verdicts
+        return Judged(batch.verdicts, batch.scores)
 
     def worker_pids(self) -> list[int]:
         """Process ids of the current workers (replaced ones are gone), e.g. to watch their memory."""
@@ -200,18 +238,18 @@ class RewardScorer:
             if not batch.pending:
                 return
             if worker.ready and worker.job is None:
-                index, response, gold = batch.pending.popleft()
+                index, job = batch.pending.popleft()
                 try:
-                    worker.conn.send((response, gold))
+                    worker.conn.send(job)
                 except OSError:  # the worker died while idle
-                    batch.pending.appendleft((index, response, gold))
+                    batch.pending.appendleft((index, job))
                     self._on_worker_death(worker, batch)
                     continue
                 worker.job, worker.deadline = index, time.monotonic() + self._item_limit_s
 
     def _receive(self, worker: _Worker, batch: _Batch) -> None:
         try:
-            kind, detail = worker.conn.recv()
+            kind, detail, score = worker.conn.recv()
         except (EOFError, OSError):
             self._on_worker_death(worker, batch)
             return
@@ -221,7 +259,7 @@ class RewardScorer:
             else:
                 self._failure = detail  # the user function failed to load in the worker
             return
-        _record(batch, worker.job, kind, detail)
+        _record(batch, worker.job, kind, detail, score)
         worker.job, worker.deadline = None, math.inf
         worker.items += 1
         if self._worn_out(worker):
@@ -245,14 +283,14 @@ class RewardScorer:
             self._failure = f"a reward worker exited while starting (exit code {worker.process.exitcode})"
             return
         if worker.job is not None:
-            _record(batch, worker.job, ERROR, f"reward worker died (exit code {worker.process.exitcode})")
+            _record(batch, worker.job, ERROR, f"reward worker died (exit code {worker.process.exitcode})", FAILED_SCORE)
         self._replace(worker)
 
     def _kill_overdue(self, batch: _Batch) -> None:
         now = time.monotonic()
         for worker in list(self._workers):
             if worker.job is not None and now >= worker.deadline:
-                _record(batch, worker.job, TIMEOUT, None)
+                _record(batch, worker.job, TIMEOUT, None, FAILED_SCORE)
                 self._replace(worker)
 
     def _stop_workers(self) -> None:
@@ -271,8 +309,9 @@ class RewardScorer:
         self._workers = []
 
 
-def _record(batch: _Batch, index: int, verdict: str, error: str | None) -> None:
+def _record(batch: _Batch, index: int, verdict: str, error: str | None, score: float | None) -> None:
     batch.verdicts[index] = verdict
+    batch.scores[index] = score
     batch.missing -= 1
     if error is not None:
         batch.errors[index] = error

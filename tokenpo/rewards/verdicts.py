@@ -42,3 +42,8 @@ def count_verdicts(verdicts: Sequence[str]) -> dict[str, float]:
         "reward/answer_extracted_frac": fraction(CORRECT, WRONG),
         "reward/gold_invalid": counts[GOLD_INVALID],
     }
+
+
+def correct_counts(verdicts: Sequence[str]) -> tuple[int, int]:
+    """(responses judged correct, responses judged at all: those whose gold answer parses)."""
+    return sum(v == CORRECT for v in verdicts), sum(v != GOLD_INVALID for v in verdicts)

@@ -36,7 +36,7 @@ from tokenpo.trainer.checkpoint_manifest import (
     recorded_bytes,
     verify_manifest,
 )
-from tokenpo.trainer.rundir import move_aside
+from tokenpo.trainer.rundir import NO_CHECKPOINT, move_aside
 
 log = logging.getLogger("tokenpo")
 
@@ -210,8 +210,9 @@ def verified_at(path: Path, quick: bool, ranks: Ranks, with_checksums: bool) -> 
     if not (path / TAG).is_dir() and not (path / MANIFEST).is_file():
         root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
         if not (root / LATEST).is_file():
+            run = (path / "metrics.jsonl").is_file() or (path / ".hydra").is_dir()
             raise ConfigError(f"trainer.resume={str(path)!r}: no checkpoint there (neither a '{TAG}' folder nor a "
-                              f"'{LATEST}' file)")
+                              f"'{LATEST}' file)" + (f"; the run there ran, but {NO_CHECKPOINT}" if run else ""))
         path = latest_target(root, str(path))
     verify_manifest(path, quick, ranks, with_checksums)
     return path

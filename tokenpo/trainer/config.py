@@ -51,6 +51,18 @@ class SamplerKLCheck:
 
 
 @dataclass
+class RewardErrorsCheck:
+    action: str = setting("stop",
+        "What it does when it fires: warn (one log line, and a W&B alert when W&B is on) | stop (saves a checkpoint "
+        "and ends the run with a one-line error and a non-zero exit status)", choices=("warn", "stop"))
+    max_error_frac: float | None = setting(0.99,
+        "Bound on reward/error_frac, the step's responses whose reward function raised or returned a wrong type (or "
+        "whose scoring worker died): above it every reward is an error and nothing is learned (null = off)",
+        ge=0, lt=1, requirement="in [0, 1) or null")
+    steps: int = setting(2, "Steps in a row past the bound before it fires", ge=1)
+
+
+@dataclass
 class EntropyCheck:
     action: str = setting("warn", HEALTH_ACTION_HELP, choices=HEALTH_ACTIONS)
     reference_steps: int = setting(3,
@@ -73,9 +85,11 @@ class HealthConfig:
     ratio: RatioCheck = section(RatioCheck, "The update's importance ratios to the rollout policy")
     sampler_kl: SamplerKLCheck = section(SamplerKLCheck, "Sampler/trainer mismatch")
     entropy: EntropyCheck = section(EntropyCheck, "Entropy collapse or blow-up against the run's own start")
+    reward_errors: RewardErrorsCheck = section(RewardErrorsCheck,
+        "Rewards that are all errors (a broken reward function) for several steps in a row")
 
     def validate(self) -> None:
-        for name in ("constant_reward", "nonfinite", "ratio", "sampler_kl", "entropy"):
+        for name in ("constant_reward", "nonfinite", "ratio", "sampler_kl", "entropy", "reward_errors"):
             check_fields(getattr(self, name), f"trainer.health.{name}")
 
 

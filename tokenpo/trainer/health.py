@@ -6,7 +6,10 @@
 - `ratio` (`kl/old`): above `max_kl_old`, `steps` steps in a row;
 - `sampler_kl` (`mismatch/kl`, only where the engine returns log-probs): above `max_kl`, `steps` steps in a row;
 - `entropy` (`entropy/mean`): below `collapse_frac` or above `blowup_factor` times its mean over the run's first
-  `reference_steps` steps, `steps` steps in a row.
+  `reference_steps` steps, `steps` steps in a row;
+- `reward_errors` (`reward/error_frac`): above `max_error_frac` (every reward an error: a broken reward function),
+  `steps` steps in a row; by default it stops the run. Its metric is the rollouts', known before the update, which
+  it never holds: an all-error step's update changes nothing the rewards asked for.
 
 A detector whose metric a step lacks leaves that step out (its count neither grows nor resets). Each one logs
 `health/<detector>_fired` (0/1) every step; a streak fires at its `steps`-th step and at every step after while
@@ -42,7 +45,10 @@ from tokenpo.trainer.config import HealthConfig
 
 log = logging.getLogger("tokenpo")
 
-DETECTORS = ("constant_reward", "nonfinite", "ratio", "sampler_kl", "entropy")
+DETECTORS = ("constant_reward", "nonfinite", "ratio", "sampler_kl", "entropy", "reward_errors")
+# detectors that never hold the step's last update: nonfinite (UpdateGuard refuses such an update itself) and
+# reward_errors (warn or stop only)
+UNHELD = ("nonfinite", "reward_errors")
 SKIPPED_UPDATES = "health/skipped_updates"
 CORRECT_FRAC = "reward/correct_frac"
 
@@ -203,11 +209,13 @@ def build_detectors(cfg: HealthConfig) -> dict:
         "sampler_kl": Bound("sampler_kl", "mismatch/kl", cfg.sampler_kl.max_kl, cfg.sampler_kl.steps, "max_kl"),
         "entropy": Entropy(cfg.entropy.reference_steps, cfg.entropy.collapse_frac, cfg.entropy.blowup_factor,
                            cfg.entropy.steps),
+        "reward_errors": Bound("reward_errors", "reward/error_frac", cfg.reward_errors.max_error_frac,
+                               cfg.reward_errors.steps, "max_error_frac"),
     }
 
 
 class Detectors:
-    """The five detectors of a config and the run's count of skipped updates: one step's metrics in, the firings
+    """The detectors of a config and the run's count of skipped updates: one step's metrics in, the firings
     out. Pure: the live run (`HealthMonitor`) and the replay of a metrics.jsonl (`replay`) share it."""
 
     def __init__(self, cfg: HealthConfig, state: dict | None = None) -> None:
@@ -362,7 +370,7 @@ class HealthMonitor:
         self.stopping: Firing | None = None
         self.stop_step = 0
         # a detector that may skip or stop holds each step's last update until its check
-        guard.hold = any(getattr(cfg, name).action in ("skip", "stop") for name in DETECTORS if name != "nonfinite")
+        guard.hold = any(getattr(cfg, name).action in ("skip", "stop") for name in DETECTORS if name not in UNHELD)
 
     def check(self, step: int, metrics: dict, grad_norm: Callable[[], float]) -> dict[str, float]:
         """This step's health metrics, from its `metrics` (the same on every process); a held update applied or

@@ -73,6 +73,7 @@ def train(cfg: TrainConfig, identity: RunIdentity) -> dict:
                                     with_checksums=trainer.verify_checkpoints == "full")
         logger = RunLogger(cfg.logger, identity, enabled=dist.is_main(), resume_id=state.wandb_id)
         health = HealthMonitor(trainer.health, policy.guard, state.health, alert=logger.alert)
+        logger.describe_run(policy.module)
         if dist.is_main():
             record_environment(run_dir, state.step, dist.world_size())
             log.info("run dir: %s", run_dir)
@@ -142,7 +143,7 @@ def train(cfg: TrainConfig, identity: RunIdentity) -> dict:
             policy.export(tokenizer, run_dir / "final")
         logger.finish()
     stop.restore()
-    summary = write_summary(state, identity, interrupted, stop.signum if interrupted else None)
+    summary = write_summary(state, identity, interrupted, stop.signum if interrupted else None, logger.outcome())
     if health.stopping is not None:
         raise health.stop_error(run_dir)
     return summary
@@ -165,11 +166,13 @@ def ahead_source(cfg: TrainConfig, source: RolloutSource, policy: Policy, sample
                        sampler, zero3)
 
 
-def write_summary(state: RunState, identity: RunIdentity, interrupted: bool, signum: int | None) -> dict:
-    """The run's outcome (rank 0 writes it to summary.json; tokenpo.train and sweeps read it)."""
+def write_summary(state: RunState, identity: RunIdentity, interrupted: bool, signum: int | None,
+                  outcome: dict | None = None) -> dict:
+    """The run's outcome (rank 0 writes it to summary.json; tokenpo.train and sweeps read it); `outcome`: the
+    logger's (algorithm, seed, parameters, the last step's values)."""
     summary = {"steps": state.step, "eval_before": state.eval_before, "eval_after": state.eval_after,
                "elapsed_s": state.elapsed_s, "run_dir": str(identity.run_dir), "interrupted": interrupted,
-               "signal": signum}
+               "signal": signum, "generated_tokens": state.generated_tokens, **(outcome or {})}
     if dist.is_main():
         (identity.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

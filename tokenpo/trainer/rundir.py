@@ -18,6 +18,9 @@ RESULTS = (".hydra", RESOLVED, ENVIRONMENT_FILE, "metrics.jsonl", "eval_before.j
            "summary.json", "final", "checkpoints", "wandb")
 # eval.extra benchmarks' records: eval_before.<name>.json, eval_after.<name>.json
 EXTRA_EVALS = "eval_*.*.json"
+# why a run dir holds nothing to resume: what a resume says where it finds no checkpoint
+NO_CHECKPOINT = ("it saved no checkpoint: trainer.save_every=0, the default, saves one only when a signal stops the "
+                 "run; trainer.save_every=N saves one every N steps")
 # checkpoints that an earlier start set aside (checkpoint.set_aside_stale) belong to the earlier run as well
 EARLIER_CHECKPOINTS = "checkpoints.previous-*"
 
@@ -54,6 +57,8 @@ def set_aside_earlier_run(run_dir: Path) -> Path | None:
     if not earlier:
         return None
     folder = move_aside(earlier, run_dir / "results")
-    log.warning("%s held a run that this start does not resume: moved %s to %s (train.log keeps every start's log)",
-                run_dir, ", ".join(path.name for path in earlier), folder)
+    why = "" if (run_dir / "checkpoints").exists() or (folder / "checkpoints").exists() else (
+        f" ({NO_CHECKPOINT})")
+    log.warning("%s held a run that this start does not resume%s: moved %s to %s (train.log keeps every start's log)",
+                run_dir, why, ", ".join(path.name for path in earlier), folder)
     return folder

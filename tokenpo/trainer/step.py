@@ -25,12 +25,13 @@ from tokenpo.config import TrainConfig
 from tokenpo.data import PromptSampler
 from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
-from tokenpo.rewards import CORRECT, GOLD_INVALID, RewardConfig
+from tokenpo.rewards import CORRECT, RewardConfig, correct_counts
 from tokenpo.rollout.engine import RolloutEngine
 from tokenpo.models.logprobs import PassTokens
 from tokenpo.trainer.batch import BatchSplit, MicroBatch, UpdatePlan, pad_to
 from tokenpo.trainer.health import HealthMonitor
 from tokenpo.trainer.policy import Policy
+from tokenpo.trainer.scores import drawn_metrics, response_scores
 from tokenpo.trainer.rollouts import (RolloutSource, StepRollouts, dynamic_sampling_metrics, fill_batch,
                                       format_rewards, mixed_group_ids, rollout_metrics)
 from tokenpo.trainer.timings import Timings
@@ -118,7 +119,9 @@ def train_step(step: int, lr: float, run: StepSettings, policy: Policy, source: 
     with timings("weight_sync"):
         sync_engine(source.engine, policy)
         source.after_update(step, policy)  # a generator ahead of the update gets this version
-    metrics.update(dynamic_sampling_metrics(rollouts))
+    if run.algorithm.dynamic_sampling.enabled:
+        metrics.update(dynamic_sampling_metrics(rollouts))
+    metrics.update(drawn_metrics(rollouts))
     metrics.update(source.take_metrics())
     step_s = time.perf_counter() - started
     metrics.update({f"timing/{phase}_s": seconds for phase, seconds in timings.seconds.items()})
@@ -140,6 +143,7 @@ def collect_rollouts(step: int, source: RolloutSource, sampler: PromptSampler, n
         batch = source.draw(step, 0, needed, sampler, timings)
         batch.rounds, batch.generated_groups, batch.mixed_groups = 1, needed, needed
         batch.generated_tokens = sum(map(len, batch.response_ids))
+        batch.drawn_correct, batch.drawn_judged = correct_counts(batch.verdicts)
         return batch
     drawn = alg.prompts_per_round(needed, sampling.oversample, dist.world_size())
     mixed, rest = StepRollouts(), StepRollouts()  # rest: the groups the filter dropped, in order
@@ -148,6 +152,8 @@ def collect_rollouts(step: int, source: RolloutSource, sampler: PromptSampler, n
         mixed.rounds += 1
         mixed.generated_groups += len(fresh.examples)
         mixed.generated_tokens += sum(map(len, fresh.response_ids))
+        correct, judged = correct_counts(fresh.verdicts)
+        mixed.drawn_correct, mixed.drawn_judged = mixed.drawn_correct + correct, mixed.drawn_judged + judged
         keep = set(mixed_group_ids(fresh))
         for i in range(len(fresh.examples)):
             (mixed if i in keep else rest).extend(fresh.group(i))
@@ -187,9 +193,10 @@ def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, tim
     # the algorithm's view of the global batch: [N] per sequence, [N, T] per token
     lengths = torch.tensor([len(r) for r in rollouts.response_ids], dtype=torch.long)
     width = max(1, int(lengths.max()))  # T
+    valid, score = response_scores(rollouts.verdicts, rollouts.scores)
     batch = alg.StepBatch(
         correct=torch.tensor([v == CORRECT for v in rollouts.verdicts]),
-        valid=torch.tensor([v != GOLD_INVALID for v in rollouts.verdicts]),
+        valid=valid,
         truncated=torch.tensor(rollouts.truncated),
         in_format=format_rewards(rollouts, run.reward),
         lengths=lengths,
@@ -205,6 +212,7 @@ def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, tim
         old_logp=gather_rows(old_logp, len(lengths), width) if alg.needs_step_logprobs(run.algorithm) else None,
         seed=run.seed,
         step=step,
+        score=score,
     )
     # shaped rewards [N], advantages [N, T], loss masks and normalisers, the algorithm's metrics
     prepared = alg.prepare_step(run.algorithm, batch)
