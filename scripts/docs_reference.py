@@ -27,7 +27,6 @@ import os
 import re
 import runpy
 import sys
-import tokenize
 import types
 import typing
 import warnings
@@ -322,27 +321,6 @@ def hydra_flags() -> str:
         return parser.format_help().rstrip()
 
 
-def dict_key_comments(path: Path, name: str) -> list[tuple[str, str, str]]:
-    """(key, value, the comment lines above it) for each top-level key of the dict literal assigned to `name` in a
-    Python file: how tokenpo.evaluate documents its own keys, as the YAML files do theirs."""
-    source = path.read_text()
-    comments = {token.start[0]: token.string.lstrip("# ").strip()
-                for token in tokenize.generate_tokens(io.StringIO(source).readline) if token.type == tokenize.COMMENT}
-    node = next(node.value for node in ast.walk(ast.parse(source))
-                if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets))
-    rows = []
-    for key, value in zip(node.keys, node.values):
-        text = ast.literal_eval(key)
-        if text in ("defaults", "hydra"):
-            continue
-        line, above = key.lineno, []
-        while line - 1 in comments:
-            line -= 1
-            above.insert(0, comments[line])
-        rows.append((text, yaml_value(ast.literal_eval(value)), " ".join(above)))
-    return rows
-
-
 def module_doc(command: Command) -> str:
     import importlib
 
@@ -371,7 +349,7 @@ def shell_scripts() -> list[tuple[str, str]]:
 
 
 def cli_page() -> str:
-    from tokenpo.evaluate import __file__ as evaluate_file
+    from tokenpo.evaluate import ARGUMENTS
 
     lines = ["# Commands", "", GENERATED, "",
              "Every command's own help, as it prints it. `tokenpo-train` and `tokenpo-evaluate` are Hydra "
@@ -391,8 +369,8 @@ def cli_page() -> str:
             if command.module == "tokenpo.evaluate":
                 lines += ["Its own keys, besides the groups `eval`, `data`, `reward` and `rollout`:", "",
                           "| key | default | what |", "|---|---|---|"]
-                lines += [f"| `{key}` | `{value}` | {cell(what)} |"
-                          for key, value, what in dict_key_comments(Path(evaluate_file), "EVALUATE_CONFIG")]
+                lines += [f"| `{key}` | `{yaml_value(default)}` | {cell(what)} |"
+                          for key, (default, what) in ARGUMENTS.items()]
                 lines.append("")
             lines += ["Flags: [Hydra's](#hydras-flags), below.", ""]
         else:
