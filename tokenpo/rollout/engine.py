@@ -42,6 +42,9 @@ class Responses:
     truncated: list[bool]
     # log-probs of the sampled tokens under the sampling distribution, where the engine has them
     logprobs: list[list[float]] | None = None
+    # the policy version that sampled each token, where a response spans several (a partial rollout continued on
+    # newer weights); None: every token by the request's version
+    token_versions: list[list[int]] | None = None
 
 
 class RolloutEngine(Protocol):

@@ -1,0 +1,98 @@
+"""The one interface between training and generation: a `Generator` samples rollouts for a version of the policy that
+`Policy.publish` handed it, and the trainer talks to nothing else.
+
+- `Published`: a version of the policy's weights as it leaves the policy, the only way it does: the tensors in the
+  base model's names (LoRA merged, ZeRO-3 gathered module by module, so no rank holds a second full copy), or, for a
+  generator in the trainer's own process, the live module for the length of a `with`.
+- `GenerateRequest` / `Generated`: prompts, sampling parameters, a seed, and the version that must sample them; the
+  responses with the version that did and what it waited for.
+- `Generator`: load a published version, take requests (answered now or in the background), sample now with the
+  version it holds (evaluation), sleep and wake, its own checkpoint state, close.
+
+Which version samples which step is `version_for`, a pure function of the step and the bound on staleness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from tokenpo.rollout.engine import Responses, SamplingParams
+
+
+@dataclass(frozen=True)
+class Published:
+    """Version `version` of the policy (the policy after that many rollout steps' updates)."""
+
+    version: int
+    # (name, tensor) of every weight of the base model, one module at a time; under ZeRO-3 each module is gathered
+    # while it is handed over, a collective: every rank iterates the whole stream
+    tensors: Callable[[], Iterator[tuple[str, torch.Tensor]]]
+    # for a generator in the trainer's process: the live module ready to generate (ZeRO-3 gathered for the `with`)
+    module: Callable[[], contextlib.AbstractContextManager[torch.nn.Module]]
+    # the base model's Hugging Face config (what an engine builds its own model from)
+    config: object
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    key: tuple[int, int]  # (step, dynamic-sampling round) it is drawn for
+    prompt_ids: list[list[int]]
+    params: SamplingParams
+    seed: int  # the sampling generator's seed
+    version: int  # the policy version that samples it
+
+
+@dataclass(frozen=True)
+class Generated:
+    key: tuple[int, int]
+    responses: Responses
+    version: int  # the version that sampled it (a partial rollout's newest)
+    weights_wait_s: float  # the generator waited this long for the version's weights
+    generate_s: float
+
+
+def version_for(step: int, max_staleness: int) -> int:
+    """The policy version that samples step `step`'s first round: at most `max_staleness` versions behind the
+    version step `step` trains (step - 1)."""
+    return max(0, step - 1 - max_staleness)
+
+
+class Generator(Protocol):
+    """What samples rollouts for the trainer (tokenpo.rollout.ENGINES builds one per run)."""
+
+    def load(self, published: Published) -> None:
+        """Hold version `published.version` from now on (its weights copied in, or read in place); wakes a sleeping
+        generator. Every rank calls it (under ZeRO-3 reading the tensors is a collective)."""
+
+    def submit(self, request: GenerateRequest) -> None:
+        """Sample `request` with the version it names: now, or in the background for a generator that runs ahead."""
+
+    def result(self, key: tuple[int, int]) -> tuple[Generated, float]:
+        """(the submitted request `key`'s result, the seconds the caller waited for it)."""
+
+    def sample(self, prompt_ids: list[list[int]], params: SamplingParams, rng: torch.Generator) -> Responses:
+        """Responses now, from the version held, every random draw from `rng` (held-out evaluation)."""
+
+    def sleep(self) -> None:
+        """Release what memory it can for a pass that trains; the next `load` wakes it."""
+
+    def wake_up(self) -> None:
+        """Take back what `sleep` released, if the weights were kept."""
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of it: the requests in flight, waited for, with their results (plain data)."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """A checkpoint's state back (before the first `load`)."""
+
+    def take_metrics(self) -> dict[str, float]:
+        """What it measured since the last call (waits, staleness), as step metrics."""
+
+    def close(self) -> None:
+        """Stop for good: no process or server it started outlives it."""
