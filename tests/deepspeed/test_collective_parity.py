@@ -2,7 +2,7 @@
 lengths: the worst-case pass, the old-policy, reference and gradient passes with their backward (recompute_head's
 included), a pass with no response token on one rank, token-budget and packed passes, LoRA, evaluation and hf
 generation (parity_ranks.py records them with support.gathers). A rank that gathered once more than the other would
-wait in a collective the other never joins: the ranks cut their timeouts to seconds, so that fails fast too.
+wait in a collective the other never joins: the ranks cut their timeouts to a minute, so that fails fast too.
 
 The cases are drawn from a seeded generator (TOKENPO_PARITY_SEED picks another draw): chunk sizes of 1 to 7 tokens
 against responses of 0 to 24, so the output layer runs in several chunks and the ranks' counts differ without the fix.
@@ -47,7 +47,7 @@ CASES = draw_cases(int(os.environ.get("TOKENPO_PARITY_SEED", "0")))
 def records(tmp_path_factory) -> dict[str, list]:
     out = tmp_path_factory.mktemp("parity")
     run_ranks(Path(parity_ranks.__file__), [str(out), *map(json.dumps, CASES)], 2, out / "logs",
-              timeout_s=60 + 40 * len(CASES))
+              timeout_s=120 + 90 * len(CASES))
     return {case["name"]: json.loads((out / f"{case['name']}.json").read_text()) for case in CASES}
 
 
