@@ -393,11 +393,13 @@ PLAN_BLOCK = re.compile(r"(<!-- output of: python -m tokenpo\.plan (?P<arguments
 
 
 def plan_output(arguments: str) -> str:
-    """What `python -m tokenpo.plan <arguments>` prints, with this checkout's path written relative to it."""
+    """What `python -m tokenpo.plan <arguments>` prints, with this checkout's path written relative to it and the home
+    folder as `~` (the page is the same on every machine)."""
     out = io.StringIO()
     with help_environment("python -m tokenpo.plan", *arguments.split()), contextlib.redirect_stdout(out):
         runpy.run_module("tokenpo.plan", run_name="__main__", alter_sys=True)
-    return out.getvalue().replace(f"{REPO}/tokenpo/conf/", "conf/").replace(f"{REPO}/", "")
+    return (out.getvalue().replace(f"{REPO}/tokenpo/conf/", "conf/").replace(f"{REPO}/", "")
+            .replace(str(Path.home()), "~"))
 
 
 def with_plan_outputs(text: str) -> str:

@@ -80,10 +80,11 @@ def test_an_options_description_is_its_first_sentence_not_a_keys_comment(tmp_pat
     assert docs_reference.first_comment(undescribed) == ""
 
 
-def test_the_comments_above_a_dict_literals_keys(tmp_path):
-    source = tmp_path / "m.py"
-    source.write_text('X = {\n    "defaults": [],\n    # what a is\n    # in two lines\n    "a": None,\n    "b": 2,\n}\n')
-    assert docs_reference.dict_key_comments(source, "X") == [("a", "null", "what a is in two lines"), ("b", "2", "")]
+def test_the_comment_above_a_yaml_key(tmp_path):
+    source = tmp_path / "train.yaml"
+    source.write_text("# not this one\nx: 1\n\n# what seed is\n# in two lines\nseed: 7\nbare: 2\n")
+    assert docs_reference.first_comment_above(source, "seed") == "what seed is in two lines"
+    assert docs_reference.first_comment_above(source, "bare") == ""
 
 
 def test_every_installed_command_and_module_command_is_documented():
@@ -108,7 +109,8 @@ def test_a_quoted_plan_is_filled_from_the_plan_command():
             "after\n")
     filled = docs_reference.with_plan_outputs(page)
     assert filled.startswith("before\n<!-- output of: python -m tokenpo.plan model=tiny --device cpu -->\n```text\n"
-                             "memory plan per process: tiny")
+                             "planned for: cpu (--device)")
+    assert "memory plan per process: tiny" in filled
     assert "stale" not in filled and filled.endswith("```\n<!-- end of output -->\nafter\n")
     assert str(REPO) not in filled
 

@@ -47,7 +47,10 @@ class RecordingEngine:
         self.module = module
         self.gradients: list[dict[str, torch.Tensor]] = []
 
-    def __getattr__(self, name):  # forward_in_engine runs the pass on the engine itself, as on the model
+    def __call__(self, *args, **kwargs):  # forward_in_engine sets `forward` here and calls the engine, as DeepSpeed's
+        return self.forward(*args, **kwargs)
+
+    def __getattr__(self, name):  # the pass reaches the model's own API (get_decoder, ...) through the engine
         return getattr(self.module, name)
 
     def backward(self, loss: torch.Tensor, scale_wrt_gas: bool) -> None:
