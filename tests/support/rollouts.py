@@ -11,7 +11,8 @@ from tokenpo.algorithms.config import DynamicSamplingConfig
 from tokenpo.data import Example, PromptSampler
 from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG, Judged, Question
 from tokenpo.rollout.engine import Responses, SamplingParams
-from tokenpo.trainer.rollouts import RolloutSource, StepRollouts
+from tokenpo.trainer.rollouts import StepRollouts
+from tokenpo.trainer.source import RolloutSource
 from tokenpo.trainer.step import collect_rollouts
 from tokenpo.trainer.timings import Timings
 

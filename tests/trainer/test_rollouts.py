@@ -14,7 +14,8 @@ from support.rollouts import G, NUM_EXAMPLES, Scripted
 from tokenpo.errors import ConfigError
 from tokenpo.rewards import CORRECT, WRONG
 from tokenpo.trainer import step as trainer_step
-from tokenpo.trainer.rollouts import RolloutSource, StepRollouts, dynamic_sampling_metrics
+from tokenpo.trainer.rollouts import StepRollouts, dynamic_sampling_metrics
+from tokenpo.trainer.source import RolloutSource
 
 
 def metrics(batch) -> dict[str, float]:

@@ -22,7 +22,8 @@ from tokenpo.errors import ConfigError
 from tokenpo.rollout.ahead import AheadGenerator, GenerateRequest, Generated
 from tokenpo.rollout.engine import Responses
 from tokenpo.rollout.weight_stream import policy_weights
-from tokenpo.trainer.rollouts import RolloutSource, StepRollouts
+from tokenpo.trainer.rollouts import StepRollouts
+from tokenpo.trainer.source import RolloutSource
 from tokenpo.trainer.timings import Timings
 
 

@@ -33,7 +33,7 @@ from tokenpo.trainer.health import HealthMonitor
 from tokenpo.trainer.launch import StopRequest
 from tokenpo.trainer.optim import step_lr
 from tokenpo.trainer.policy import Policy
-from tokenpo.trainer.rollouts import PromptCache, RolloutSource, sampling_params
+from tokenpo.trainer.source import PromptCache, RolloutSource, sampling_params
 from tokenpo.trainer.identity import RunIdentity
 from tokenpo.trainer.state import RunState, resume_run, save_run
 from tokenpo.trainer.step import StepSettings, sync_engine, train_step

@@ -1,23 +1,16 @@
-"""A step's rollouts: the batch type, the source that generates and scores them (generator + scorer + prompts), and
-the pure helpers the step reads them with (DAPO's mixed-group filter and batch fill, format rewards, metrics)."""
+"""A step's rollouts: the batch type and the pure helpers the step reads them with (DAPO's mixed-group filter and
+batch fill, format rewards, metrics); tokenpo.trainer.source generates and scores them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from tokenpo import algorithms as alg
-from tokenpo.data import DataConfig, Example
-from tokenpo.data.prompts import capped_prompt_ids
-from tokenpo.deepspeed import dist
-from tokenpo.rewards import (CORRECT, GOLD_INVALID, RewardConfig, RewardScorer, count_verdicts, format_reward,
-                             question)
-from tokenpo.rollout.config import RolloutConfig
-from tokenpo.rollout.engine import Responses, RolloutEngine, SamplingParams, seeded_generator
+from tokenpo.data import Example
+from tokenpo.rewards import CORRECT, GOLD_INVALID, RewardConfig, count_verdicts, format_reward
 from tokenpo.trainer.batch import BatchSplit, GroupTokens, MicroBatch, UpdatePlan, pad_groups, update_plan
-from tokenpo.trainer.timings import Timings
 
 
 @dataclass
@@ -71,92 +64,6 @@ class StepRollouts:
         """Which rank trains which rows in which micro-batches (tokenpo.trainer.batch.update_plan)."""
         return update_plan(split, [len(p) for p in self.prompt_ids], [len(r) for r in self.response_ids],
                            mini_batches, world)
-
-
-def sampling_params(rollout: RolloutConfig, stop_token_ids: list[int]) -> SamplingParams:
-    """How training responses are sampled: G per prompt, up to max_new_tokens, at the rollout's temperature."""
-    return SamplingParams(rollout.group_size, rollout.max_new_tokens, rollout.temperature, rollout.top_p,
-                          stop_token_ids, rollout.share_prefill)
-
-
-class PromptCache:
-    """Token ids of a training problem under the training data's template and prompt cap, encoded once per run."""
-
-    def __init__(self, tokenizer, data: DataConfig) -> None:
-        self.tokenizer, self.data = tokenizer, data
-        self.cache: dict[tuple[str, str], list[int]] = {}
-
-    def __call__(self, example: Example) -> list[int]:
-        key = (example.uid, example.problem)
-        if key not in self.cache:
-            self.cache[key] = capped_prompt_ids(example.problem, self.tokenizer, self.data)
-        return self.cache[key]
-
-
-@dataclass
-class RolloutSource:
-    """Examples in, scored rollouts out: the rollout engine (the Generator), the reward scorer and the prompts."""
-
-    engine: RolloutEngine
-    scorer: RewardScorer
-    encode: Callable[[Example], list[int]]  # a training prompt's token ids (PromptCache)
-    decode: Callable[[list[list[int]]], list[str]]  # responses' text (the tokenizer's batch_decode)
-    params: SamplingParams
-    seed_base: int  # the run's seed
-    device: torch.device
-
-    def seed(self, step: int, round_index: int) -> int:
-        """Sampling randomness depends only on (seed, step, round, rank): a resumed run samples the same."""
-        return ((self.seed_base * 100_003 + step) * 101 + round_index) * 1009 + dist.rank()
-
-    def generator(self, step: int, round_index: int) -> torch.Generator:
-        return seeded_generator(self.seed(step, round_index), self.device)
-
-    def draw(self, step: int, round_index: int, count: int, sampler, timings: Timings) -> StepRollouts:
-        """Round `round_index` of step `step`: `count` prompts from `sampler`, generated now by the engine."""
-        return self.generate_and_score(sampler.next_batch(count), self.generator(step, round_index), timings)
-
-    def local_prompts(self, examples: list[Example]) -> tuple[list[int], list[list[int]]]:
-        """(this rank's groups of `examples`, every world_size-th one; their prompts' token ids)."""
-        local = list(range(dist.rank(), len(examples), dist.world_size()))
-        return local, [self.encode(examples[i]) for i in local]
-
-    def generate_and_score(self, examples: list[Example], generator: torch.Generator,
-                           timings: Timings) -> StepRollouts:
-        """Generate for this rank's share of `examples` (every world_size-th group), score, gather all ranks."""
-        local, prompt_ids = self.local_prompts(examples)
-        out = None
-        if local:
-            with timings("generate"):
-                out = self.engine.generate(prompt_ids, self.params, generator)
-        return self.scored(examples, local, prompt_ids, out, timings)
-
-    def scored(self, examples: list[Example], local: list[int], prompt_ids: list[list[int]], out: Responses | None,
-               timings: Timings) -> StepRollouts:
-        """This rank's responses `out` to its groups `local` of `examples` scored, then every rank's gathered in the
-        groups' order."""
-        local_rollouts = StepRollouts()
-        if local:
-            text = self.decode(out.token_ids)
-            questions = [question(examples[i]) for i in local for _ in range(self.params.num_samples)]
-            with timings("reward"):
-                judged = self.scorer.judge(text, questions)
-            local_rollouts = StepRollouts([examples[i] for i in local], prompt_ids, out.token_ids, text,
-                                          out.truncated, judged.verdicts, out.logprobs or [], scores=judged.scores)
-        gathered = dist.all_gather_objects(local_rollouts)
-        # back to the original group order: group i was generated by rank i % world
-        world = dist.world_size()
-        merged = StepRollouts()
-        for i in range(len(examples)):
-            merged.extend(gathered[i % world].group(i // world))
-        return merged
-
-    def after_update(self, step: int, policy) -> None:
-        """The update of `step` is applied: nothing to do when generating in turn (the engine syncs in the step)."""
-
-    def take_metrics(self) -> dict[str, float]:
-        """What the source measured since the last call (none when generating in turn)."""
-        return {}
 
 
 def mixed_group_ids(rollouts: StepRollouts) -> list[int]:

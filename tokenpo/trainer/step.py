@@ -32,7 +32,8 @@ from tokenpo.trainer.batch import BatchSplit, MicroBatch, UpdatePlan, pad_to
 from tokenpo.trainer.health import HealthMonitor
 from tokenpo.trainer.policy import Policy
 from tokenpo.trainer.scores import drawn_metrics, response_scores
-from tokenpo.trainer.rollouts import (RolloutSource, StepRollouts, dynamic_sampling_metrics, fill_batch,
+from tokenpo.trainer.source import RolloutSource
+from tokenpo.trainer.rollouts import (StepRollouts, dynamic_sampling_metrics, fill_batch,
                                       format_rewards, mixed_group_ids, rollout_metrics)
 from tokenpo.trainer.timings import Timings
 
