@@ -33,7 +33,7 @@ from tokenpo.data import Example
 from tokenpo.deepspeed import dist
 from tokenpo.evaluation.run import EvalTask, TextSampler, evaluate
 from tokenpo.rewards import CORRECT, WRONG, answer_spec
-from tokenpo.rollout.engine import SamplingParams, build_engine
+from tokenpo.rollout.engine import SamplingParams, build_generator
 from tokenpo.trainer.policy import Policy
 from tokenpo.trainer.rollouts import StepRollouts
 from tokenpo.trainer.step import StepSettings, update_policy
@@ -82,7 +82,7 @@ def run_case(case: dict, out: Path) -> None:
     cfg, _ = compose_config(overrides)
     torch.manual_seed(cfg.seed)
     tokenizer, policy = Policy.build(cfg, dist.world_size(), dist.device())
-    engine = build_engine(cfg.rollout, policy.engine, tokenizer, cfg.deepspeed)
+    engine = build_generator(cfg.rollout, tokenizer, policy.publish(0), policy.device)
     run = StepSettings.from_config(cfg, tokenizer.pad_token_id)
     rollouts = uneven_rollouts(len(tokenizer), case["seed"])
     short_timeouts(TIMEOUT_S)
@@ -97,10 +97,10 @@ def run_case(case: dict, out: Path) -> None:
             examples = [Example(f"eval-{i}", f"What is {i} + 1?", str(i + 1)) for i in range(3)]
             task = EvalTask(cfg.eval, examples, [tokenizer.encode(ex.problem) for ex in examples],
                             answer_spec(cfg.reward_for(cfg.data)), 6, (tokenizer.eos_token_id,))
-            evaluate(task, TextSampler(engine.generate, tokenizer), Wrong(), seed=0)
+            evaluate(task, TextSampler(engine.sample, tokenizer), Wrong(), seed=0)
         with log.pass_("generation"):
             prompts = rollouts.prompt_ids[: 1 + dist.rank() * 2]
-            engine.generate(prompts, SamplingParams(GROUP_SIZE, 5), torch.Generator().manual_seed(dist.rank()))
+            engine.sample(prompts, SamplingParams(GROUP_SIZE, 5), torch.Generator().manual_seed(dist.rank()))
     records = dist.all_gather_objects([asdict(record) for record in log.passes])
     if dist.is_main():
         (out / f"{case['name']}.json").write_text(json.dumps(records))

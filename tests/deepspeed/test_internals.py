@@ -183,7 +183,7 @@ def test_generation_under_zero_3_sees_the_whole_model_and_training_goes_on_after
     offload = engine.optimizer.parameter_offload
     hooks = len(offload.forward_hooks), len(offload.backward_hooks)
     assert min(hooks) > 0
-    with gathered_for_generation(engine, DeepSpeedConfig(stage=3)):
+    with gathered_for_generation(engine, partitioned=True):
         assert all(p.numel() == p.ds_numel for p in engine.module.parameters())  # whole
         assert (offload.forward_hooks, offload.backward_hooks) == ([], [])
         with torch.no_grad():
@@ -203,7 +203,7 @@ def partitioned_parameter(engine) -> torch.nn.Parameter:
 def test_generation_under_zero_3_clears_what_a_module_left_marked_in_use():
     engine = ours(tiny(), stage=3)
     partitioned_parameter(engine).ds_active_sub_modules.add(10**6)  # as a module whose release never came
-    with gathered_for_generation(engine, DeepSpeedConfig(stage=3)):
+    with gathered_for_generation(engine, partitioned=True):
         pass
     assert partitioned_parameter(engine).ds_active_sub_modules == set()
 

@@ -22,7 +22,7 @@ from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import build_policy_engine, build_reference, partitioned_loading
 from tokenpo.models.loading import load_model
 from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG
-from tokenpo.rollout.engine import SamplingParams, build_engine
+from tokenpo.rollout.engine import SamplingParams, build_generator
 from tokenpo.trainer.optim import build_optimizer
 from tokenpo.trainer.policy import Policy, PolicySettings
 from tokenpo.trainer.step import StepSettings, update_policy
@@ -59,8 +59,8 @@ def sample(cfg, policy: Policy, tokenizer) -> list[list[int]]:
     """Sampled continuations of SAMPLE_PROMPTS with a fixed generator (the same on every rank), by the rollout engine
     the run builds."""
     params = SamplingParams(2, MAX_NEW)
-    engine = build_engine(cfg.rollout, policy.engine, tokenizer, cfg.deepspeed)
-    return engine.generate(SAMPLE_PROMPTS, params, torch.Generator().manual_seed(7)).token_ids
+    engine = build_generator(cfg.rollout, tokenizer, policy.publish(0), policy.device)
+    return engine.sample(SAMPLE_PROMPTS, params, torch.Generator().manual_seed(7)).token_ids
 
 
 def fixed_update(cfg, policy: Policy, tokenizer) -> dict[str, float]:

@@ -83,7 +83,10 @@ class RecordingEngine:
     def __init__(self):
         self.params = []
 
-    def generate(self, prompt_ids, params, generator):
+    def load(self, published):
+        pass
+
+    def sample(self, prompt_ids, params, rng):
         self.params.append(params)
         rows = len(prompt_ids) * params.num_samples
         return Responses(token_ids=[[int(params.temperature > 0)]] * rows, truncated=[False] * rows)
@@ -102,7 +105,8 @@ def test_eval_temperature_and_top_p_reach_the_samples_in_both_paths(monkeypatch,
     tokenizer = SimpleNamespace(batch_decode=lambda ids, skip_special_tokens: [RESPONSES[row[0]] for row in ids],
                                 eos_token_id=2, pad_token_id=2)
     monkeypatch.setattr(cli, "load_policy", lambda model_cfg, adapter: (tokenizer, None))
-    monkeypatch.setattr(cli, "build_engine", lambda rollout_cfg, model, tokenizer: engine)
+    monkeypatch.setattr(cli, "build_generator", lambda rollout_cfg, tokenizer, published, device: engine)
+    monkeypatch.setattr(cli, "Published", SimpleNamespace(of_module=lambda model: None))
     monkeypatch.setattr(run, "capped_prompt_ids", lambda problem, tok, data: [1])  # both paths build prompts there
     cli_result = run_evaluation(
         build_eval_run(compose_tree("evaluate", ["model_path=a/b", f"output_dir={tmp_path}", *BENCHMARK])))
@@ -112,7 +116,7 @@ def test_eval_temperature_and_top_p_reach_the_samples_in_both_paths(monkeypatch,
     cfg = train_config(*BENCHMARK)
     examples, eval_data = load_benchmark(cfg.eval, cfg.data, cfg.seed, tokenizer)
     with RewardScorer(cfg.reward_for(cfg.data)) as training_scorer:  # as train() builds it: arith's settings
-        evaluator = Evaluator(TextSampler(engine.generate, tokenizer), training_scorer, cfg.reward, cfg.rollout,
+        evaluator = Evaluator(TextSampler(engine.sample, tokenizer), training_scorer, cfg.reward, cfg.rollout,
                               cfg.seed)
         train_metrics, train_records = evaluator(Benchmark(cfg.eval, examples, eval_data, main=True), step=0)
 

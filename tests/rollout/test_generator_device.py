@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from tokenpo.rollout import ahead
-from tokenpo.rollout.ahead import GenerateRequest, WorkerSettings
+from tokenpo.rollout.ahead import WorkerSettings
+from tokenpo.rollout.generator import GenerateRequest
 from tokenpo.rollout.engine import Responses, SamplingParams, seeded_generator
 
 
@@ -30,7 +31,7 @@ def test_the_ahead_worker_samples_with_a_generator_on_its_models_device(monkeypa
 
     monkeypatch.setattr(ahead, "seeded_generator", fake_generator)
     monkeypatch.setattr("tokenpo.rollout.hf.generate_hf", fake_generate)
-    settings = WorkerSettings(model=None, seed=0, pad_id=0, threads=0, stop_check_every=None, device="cuda:1")
+    settings = WorkerSettings(pad_id=0, threads=0, stop_check_every=None, device="cuda:1")
     request = GenerateRequest((3, 0), [[5, 6]], SamplingParams(1, 4), seed=77, version=2)
     ahead.generate_request(torch.nn.Linear(1, 1), request, settings)
     assert made == [(77, "cuda:1")]

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tokenpo.rollout import SamplingParams, build_engine
+from tokenpo.rollout import Published, SamplingParams, build_generator
 from tokenpo.rollout.config import RolloutConfig
 
 PAD = 0
@@ -34,8 +34,9 @@ def hf_greedy(model, prompts, max_new, stop):
 
 
 def run(model, prompts, params, seed=0):
-    engine = build_engine(RolloutConfig(engine="hf"), model, SimpleNamespace(pad_token_id=PAD))
-    return engine.generate(prompts, params, torch.Generator().manual_seed(seed))
+    engine = build_generator(RolloutConfig(engine="hf"), SimpleNamespace(pad_token_id=PAD), Published.of_module(model),
+                             torch.device("cpu"))
+    return engine.sample(prompts, params, torch.Generator().manual_seed(seed))
 
 
 def greedy(num_samples, share_prefill, stop=(EOS,), max_new=MAX_NEW):

@@ -12,7 +12,7 @@ import torch
 
 from tokenpo.bench.previous_hf import previous_generate_hf, previous_sample_next
 from tokenpo.errors import ConfigError
-from tokenpo.rollout import SamplingParams, build_engine
+from tokenpo.rollout import SamplingParams, build_generator
 from tokenpo.rollout import hf
 from tokenpo.rollout.config import RolloutConfig, rollout_config_from_dict
 from tokenpo.rollout.hf import generate_hf, inverse_cdf, sample_next, stop_check_every
@@ -221,7 +221,8 @@ def test_the_stop_check_interval_setting():
     assert RolloutConfig().hf_stop_check_every is None
     assert (stop_check_every(None, torch.device("cpu")), stop_check_every(None, torch.device("cuda"))) == (1, 16)
     assert stop_check_every(3, torch.device("cuda")) == 3
-    engine = build_engine(rollout_config_from_dict({"hf_stop_check_every": 3}), None, SimpleNamespace(pad_token_id=0))
+    engine = build_generator(rollout_config_from_dict({"hf_stop_check_every": 3}), SimpleNamespace(pad_token_id=0),
+                             published=None, device=torch.device("cpu"))
     assert engine.stop_check_every == 3
     with pytest.raises(ConfigError, match="rollout.hf_stop_check_every must be null or >= 1, got 0"):
         rollout_config_from_dict({"hf_stop_check_every": 0})

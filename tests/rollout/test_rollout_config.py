@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from tokenpo import CONF_DIR
 from tokenpo.config import build_config
 from tokenpo.errors import ConfigError
-from tokenpo.rollout import build_engine
+from tokenpo.rollout import build_generator
 from tokenpo.rollout.config import rollout_config_from_dict
 
 YAMLS = sorted((Path(CONF_DIR) / "rollout").glob("*.yaml"))
@@ -42,7 +42,7 @@ def test_vllm_yaml_keeps_the_hf_sampling_keys_and_adds_its_own():
 def test_vllm_without_the_package_is_a_one_line_error_when_the_engine_is_built():
     cfg = train_config("rollout=vllm")  # the config itself is valid anywhere
     with pytest.raises(ConfigError, match=r"rollout.engine=vllm needs the 'vllm' package.*setup_vllm.sh"):
-        build_engine(cfg.rollout, policy=None, tokenizer=None)
+        build_generator(cfg.rollout, tokenizer=None, published=None, device=None)
 
 
 @pytest.mark.parametrize("vllm, message", [

@@ -27,9 +27,9 @@ from tokenpo.models.config import LoraConfig  # noqa: E402
 from tokenpo.models.loading import load_model  # noqa: E402
 from tokenpo.models.lora import wrap_lora  # noqa: E402
 from tokenpo.models.logprobs import response_logprobs  # noqa: E402
-from tokenpo.rollout import SamplingParams, build_engine  # noqa: E402
+from tokenpo.rollout import Published, SamplingParams, build_generator  # noqa: E402
 from tokenpo.rollout.config import RolloutConfig  # noqa: E402
-from tokenpo.rollout.weight_stream import policy_weights  # noqa: E402
+from tokenpo.models.weight_stream import policy_weights  # noqa: E402
 from tokenpo.trainer.batch import pad_groups  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -57,7 +57,8 @@ def setup():
 @pytest.fixture(scope="module")
 def engine(setup):
     cfg, tokenizer, model, _, _ = setup
-    engine = build_engine(cfg.rollout, model, tokenizer)
+    engine = build_generator(cfg.rollout, tokenizer, Published.of_module(model), torch.device("cpu"))
+    engine.load(Published.of_module(model))
     yield engine
     engine.close()
 
@@ -78,11 +79,11 @@ def max_logprob_gap(model, tokenizer, prompts, out, group_size) -> float:
 
 def test_greedy_tokens_equal_the_hf_engine_on_the_arith_prompts(setup, engine):
     cfg, tokenizer, model, prompts, stop = setup
-    engine.sync_weights(model)
+    engine.load(Published.of_module(model))
     params = SamplingParams(1, 48, temperature=0.0, stop_token_ids=stop)
-    hf = build_engine(RolloutConfig(engine="hf"), model, tokenizer)
-    ours = engine.generate(prompts, params, torch.Generator().manual_seed(0))
-    theirs = hf.generate(prompts, params, torch.Generator().manual_seed(0))
+    hf = build_generator(RolloutConfig(engine="hf"), tokenizer, Published.of_module(model), torch.device("cpu"))
+    ours = engine.sample(prompts, params, torch.Generator().manual_seed(0))
+    theirs = hf.sample(prompts, params, torch.Generator().manual_seed(0))
     assert ours.token_ids == theirs.token_ids
     assert ours.truncated == theirs.truncated
     # both end a row on its stop token and keep it; an unstopped row is max_new_tokens long
@@ -93,12 +94,12 @@ def test_greedy_tokens_equal_the_hf_engine_on_the_arith_prompts(setup, engine):
 
 def test_sampling_is_reproducible_per_generator_seed(setup, engine):
     cfg, tokenizer, model, prompts, stop = setup
-    engine.sync_weights(model)
+    engine.load(Published.of_module(model))
     params = SamplingParams(GROUP, 12, stop_token_ids=stop)
-    first = engine.generate(prompts[:2], params, torch.Generator().manual_seed(5))
+    first = engine.sample(prompts[:2], params, torch.Generator().manual_seed(5))
     # a prompt's draws depend on the generator, not on what else is in the batch
-    again = engine.generate(prompts[:1], params, torch.Generator().manual_seed(5))
-    other = engine.generate(prompts[:2], params, torch.Generator().manual_seed(6))
+    again = engine.sample(prompts[:1], params, torch.Generator().manual_seed(5))
+    other = engine.sample(prompts[:2], params, torch.Generator().manual_seed(6))
     assert first.token_ids[:GROUP] == again.token_ids
     assert first.token_ids != other.token_ids
     assert len(set(map(tuple, first.token_ids[:GROUP]))) > 1  # the G samples of a prompt differ
@@ -106,11 +107,11 @@ def test_sampling_is_reproducible_per_generator_seed(setup, engine):
 
 def updates_keep_the_engine_in_sync(engine, policy, optimizer, tokenizer, prompts, params, generator):
     """UPDATES policy-gradient steps with random advantages (every trainable weight moves), each followed by
-    sleep + sync_weights; before each, vLLM's log-probs equal the trainer's. Returns vLLM's last responses."""
+    sleep + load; before each, vLLM's log-probs equal the trainer's. Returns vLLM's last responses."""
     policy.train()
-    engine.sync_weights(policy)
+    engine.load(Published.of_module(policy))
     for update in range(UPDATES):
-        out = engine.generate(prompts, params, generator)
+        out = engine.sample(prompts, params, generator)
         assert max_logprob_gap(policy, tokenizer, prompts, out, GROUP) < LOGP_TOLERANCE
         tokens = pad_groups(prompts, out.token_ids, tokenizer.pad_token_id, torch.device("cpu"))
         logp, _ = response_logprobs(policy, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids,
@@ -121,9 +122,9 @@ def updates_keep_the_engine_in_sync(engine, policy, optimizer, tokenizer, prompt
         loss.backward()
         optimizer.step()
         engine.sleep()
-        engine.sync_weights(policy)
+        engine.load(Published.of_module(policy))
     policy.eval()
-    return engine.generate(prompts, params, generator)
+    return engine.sample(prompts, params, generator)
 
 
 def test_logprobs_match_the_trainer_after_updates_and_syncs_and_a_partial_sync_fails(setup, engine):
@@ -138,10 +139,10 @@ def test_logprobs_match_the_trainer_after_updates_and_syncs_and_a_partial_sync_f
     assert synced < LOGP_TOLERANCE < stale / 10  # the updates moved the log-probs far beyond the tolerance
 
     # the same check fails when one decoder layer keeps the base model's weights
-    engine.sync_weights(model)
-    engine.load_weights((name, w) for name, w in policy_weights(policy, zero3=False)
+    engine.load(Published.of_module(model))
+    engine.load_weights((name, w) for name, w in policy_weights(policy, partitioned=False)
                         if ".layers.7." not in name)
-    out = engine.generate(prompts, params, generator)
+    out = engine.sample(prompts, params, generator)
     assert max_logprob_gap(policy, tokenizer, prompts, out, GROUP) > LOGP_TOLERANCE
 
 
@@ -152,8 +153,8 @@ def test_a_lora_policy_syncs_merged_weights_and_matches_the_trainer_after_update
     lora = LoraConfig(rank=8, alpha=16, modules_to_save=["norm"])
     policy = wrap_lora(copy.deepcopy(model), lora)
     params = SamplingParams(GROUP, MAX_NEW, stop_token_ids=stop)
-    engine.sync_weights(policy)
-    out = engine.generate(prompts, params, torch.Generator().manual_seed(1))
+    engine.load(Published.of_module(policy))
+    out = engine.sample(prompts, params, torch.Generator().manual_seed(1))
     assert max_logprob_gap(model, tokenizer, prompts, out, GROUP) < LOGP_TOLERANCE
     trainable = [p for p in policy.parameters() if p.requires_grad]
     before = {name: p.detach().clone() for name, p in policy.named_parameters()}

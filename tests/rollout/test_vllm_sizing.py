@@ -15,6 +15,7 @@ from tokenpo.models.loading import load_model
 from tokenpo.plan import memory
 from tokenpo.plan import parts as P
 from tokenpo.rollout.config import VLLMConfig, VLLMSizing, vllm_sizing
+from tokenpo.rollout.generator import Published
 from tokenpo.rollout.vllm_engine import VLLMEngine
 
 GIB = 2**30
@@ -108,7 +109,7 @@ def start_engine(*overrides: str):
     """The tiny model's vllm engine started as the trainer starts it: the share filled in just before."""
     cfg = train_config("model=tiny", "rollout=vllm", *overrides)
     tokenizer, model = load_model(cfg.model, cfg.seed)
-    return VLLMEngine(memory.with_vllm_share(cfg, 1), model, tokenizer, cfg.deepspeed)
+    return VLLMEngine(memory.with_vllm_share(cfg, 1), tokenizer, Published.of_module(model), torch.device("cpu"))
 
 
 def test_the_planned_share_is_lowered_to_what_is_free_and_vllm_starts(device_with_free):

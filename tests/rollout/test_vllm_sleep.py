@@ -11,6 +11,7 @@ import torch
 from support import fake_vllm as fake_vllm_module
 from support.config import train_config
 from tokenpo.models.loading import load_model
+from tokenpo.rollout.generator import Published
 from tokenpo.rollout.vllm_engine import VLLMEngine
 
 
@@ -24,29 +25,31 @@ def engine(*overrides: str) -> tuple[VLLMEngine, torch.nn.Module]:
     """The engine for the tiny model, and the model (its policy)."""
     cfg = train_config("model=tiny", "logger.mode=disabled", "rollout=vllm", *overrides)
     tokenizer, model = load_model(cfg.model, cfg.seed)
-    return VLLMEngine(cfg.rollout, model, tokenizer), model
+    vllm = VLLMEngine(cfg.rollout, tokenizer, Published.of_module(model), torch.device("cpu"))
+    vllm.load(Published.of_module(model))  # as the run's start loads the policy's first version
+    return vllm, model
 
 
 def test_level_2_discards_the_weights_and_the_sync_wakes_weights_then_loads_then_wakes_the_kv_cache(fake_vllm):
     vllm, policy = engine()
     weights = len(list(policy.state_dict()))
     assert fake_vllm[0][0] == "LLM" and fake_vllm[0][1]["enable_sleep_mode"] is True
-    # built with dummy weights, then synced (awake: nothing to wake)
+    # built with dummy weights, then loaded (awake: nothing to wake)
     assert fake_vllm[1:] == [("load_weights", weights), ("reset_prefix_cache",)]
     fake_vllm.clear()
     vllm.sleep()
     vllm.sleep()  # asleep already: no second call
     assert fake_vllm == [("sleep", 2)]
     with pytest.raises(RuntimeError, match="discarded its weights"):
-        vllm.wake_up()  # generate after a level-2 sleep without a sync would run on garbage weights
-    vllm.sync_weights(policy)
+        vllm.wake_up()  # sampling after a level-2 sleep without a load would run on garbage weights
+    vllm.load(Published.of_module(policy))
     assert fake_vllm == [("sleep", 2),
                          ("empty_cache",), ("wake_up", ["weights"]),
                          ("load_weights", weights), ("reset_prefix_cache",),
                          ("empty_cache",), ("wake_up", ["kv_cache"])]
     fake_vllm.clear()
-    vllm.wake_up()  # awake after the sync
-    vllm.sync_weights(policy)
+    vllm.wake_up()  # awake after the load
+    vllm.load(Published.of_module(policy))
     assert fake_vllm == [("load_weights", weights), ("reset_prefix_cache",)]
 
 
@@ -63,7 +66,7 @@ def test_without_sleep_mode_sleep_and_wake_do_nothing(fake_vllm):
     fake_vllm.clear()
     vllm.sleep()
     vllm.wake_up()
-    vllm.sync_weights(policy)
+    vllm.load(Published.of_module(policy))
     assert [call[0] for call in fake_vllm] == ["load_weights", "reset_prefix_cache"]
 
 

@@ -4,6 +4,7 @@ group kinds, and the real prompt sampler."""
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import torch
 
@@ -11,8 +12,9 @@ from tokenpo.algorithms.config import DynamicSamplingConfig
 from tokenpo.data import Example, PromptSampler
 from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG, Judged, Question
 from tokenpo.rollout.engine import Responses, SamplingParams
+from tokenpo.rollout.generator import AnsweredNow
 from tokenpo.trainer.rollouts import StepRollouts
-from tokenpo.trainer.source import RolloutSource
+from tokenpo.trainer.source import Prompts, RolloutSource, Schedule
 from tokenpo.trainer.step import collect_rollouts
 from tokenpo.trainer.timings import Timings
 
@@ -22,13 +24,17 @@ VERDICTS = {"M": [CORRECT, WRONG], "R": [CORRECT, CORRECT], "W": [WRONG, WRONG],
 NUM_EXAMPLES = 40
 
 
-class ScriptedEngine:
+class ScriptedEngine(AnsweredNow):
     """A rollout engine that answers every prompt with G one-token responses and counts its calls (one per round)."""
 
     def __init__(self) -> None:
-        self.calls = 0
+        self.calls, self.answers, self.device = 0, {}, torch.device("cpu")
+        self.published = SimpleNamespace(version=0)
 
-    def generate(self, prompt_ids, params, generator):
+    def load(self, published) -> None:
+        self.published = published
+
+    def sample(self, prompt_ids, params, rng):
         self.calls += 1
         return Responses(token_ids=[[7] for _ in prompt_ids for _ in range(G)],
                          truncated=[False] * (len(prompt_ids) * G))
@@ -60,9 +66,10 @@ class Scripted:
         self.sampler = PromptSampler(examples, prompts_per_step, seed=0)
         self.engine = self.make_engine()
         scorer = ScriptedScorer({ex.answer: VERDICTS[kind] for ex, kind in zip(order, script)})
-        self.source = RolloutSource(self.engine, scorer, encode=lambda example: [int(example.uid[1:])],
-                                    decode=lambda ids: ["text"] * len(ids), params=SamplingParams(G, 4), seed_base=0,
-                                    device=torch.device("cpu"))
+        prompts = Prompts(self.sampler, encode=lambda example: [int(example.uid[1:])],
+                          decode=lambda ids: ["text"] * len(ids))
+        self.source = RolloutSource(self.engine, scorer, prompts, SamplingParams(G, 4), Schedule(0, prompts_per_step, 10),
+                                    seed_base=0)
         self.prompts_per_step, self.mini_batches = prompts_per_step, mini_batches
         self.sampling = replace(DynamicSamplingConfig(enabled=True), **dynamic_sampling)
 
@@ -70,9 +77,11 @@ class Scripted:
         return ScriptedEngine()
 
     def collect(self, step: int) -> StepRollouts:
-        # one process: keep_partial splits the batch over the mini-batches alone
-        return collect_rollouts(step, self.source, self.sampler, self.prompts_per_step, self.sampling,
-                                parts=self.mini_batches, timings=Timings())
+        # one process: keep_partial splits the batch over the mini-batches alone; the engine holds the version step
+        # `step` samples with
+        self.engine.load(SimpleNamespace(version=step - 1))
+        return collect_rollouts(step, self.source, self.prompts_per_step, self.sampling, parts=self.mini_batches,
+                                timings=Timings())
 
     def uids(self, positions: list[int]) -> list[str]:
         return [self.draw_order[i] for i in positions]

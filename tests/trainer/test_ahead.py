@@ -1,4 +1,4 @@
-"""Generation ahead of the update (rollout.async.max_staleness, tokenpo.trainer.ahead): each step's batch is sampled
+"""Generation ahead of the update (rollout.async.max_staleness, tokenpo.trainer.source.Schedule): each step's batch is sampled
 by the policy version the staleness bound names, exactly; the behaviour log-probs come from the generator process;
 a run samples the same every time and resumes exactly with rounds in flight; k = 0 takes the synchronous path."""
 
@@ -17,7 +17,8 @@ from support.metrics import by_step, deterministic, read_metrics
 from support.runs import in_process_training, train_run
 from tokenpo.trainer import step as trainer_step
 from tokenpo.errors import ConfigError
-from tokenpo.trainer.ahead import generator_device, version_for
+from tokenpo.rollout.ahead import generator_device
+from tokenpo.rollout.generator import version_for
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,7 @@ from tokenpo.rollout.engine import Responses
 class LengthEngine(ScriptedEngine):
     """Prompt p<i> gets G responses of i + 1 tokens."""
 
-    def generate(self, prompt_ids, params, generator):
+    def sample(self, prompt_ids, params, rng):
         return Responses(token_ids=[[7] * (ids[0] + 1) for ids in prompt_ids for _ in range(G)],
                          truncated=[False] * (len(prompt_ids) * G))
 

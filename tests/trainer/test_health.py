@@ -23,6 +23,7 @@ from tokenpo.rollout.engine import ENGINES
 from tokenpo.rollout.hf import HFEngine
 from tokenpo.trainer import health, step as step_module
 from tokenpo.trainer.config import HealthConfig
+from tokenpo.trainer.source import RolloutSource
 from tokenpo.trainer.health import (DETECTORS, Bound, ConstantReward, Detectors, Entropy, HealthStop, UpdateGuard,
                                     config_with, replay)
 
@@ -280,26 +281,26 @@ ALL_WRONG = [override for override in TINY if not override.startswith("reward.fn
 
 @pytest.fixture
 def weights_after_each_step(monkeypatch) -> list[list[torch.Tensor]]:
-    """The policy's parameters before step 1, then after each step (when the step syncs the engine)."""
+    """The policy's parameters before step 1, then after each step (when the step publishes its version)."""
     recorded: list[list[torch.Tensor]] = []
 
     def parameters(policy) -> list[torch.Tensor]:
         # ZeRO-3 on one process: each parameter's whole partition is its ds_tensor
         return [(p.ds_tensor if hasattr(p, "ds_tensor") else p).detach().clone() for p in policy.module.parameters()]
 
-    update_policy, sync_engine = step_module.update_policy, step_module.sync_engine
+    update_policy, after_update = step_module.update_policy, RolloutSource.after_update
 
     def recording_update(run, policy, *args, **kwargs):
         if not recorded:
             recorded.append(parameters(policy))
         return update_policy(run, policy, *args, **kwargs)
 
-    def recording_sync(engine, policy):
+    def recording_after_update(source, step, policy):
         recorded.append(parameters(policy))
-        return sync_engine(engine, policy)
+        return after_update(source, step, policy)
 
     monkeypatch.setattr(step_module, "update_policy", recording_update)
-    monkeypatch.setattr(step_module, "sync_engine", recording_sync)
+    monkeypatch.setattr(RolloutSource, "after_update", recording_after_update)
     return recorded
 
 
@@ -367,10 +368,10 @@ def test_a_nan_loss_with_action_stop_saves_and_ends_the_run(tmp_path, monkeypatc
 
 class StaleSampler(HFEngine):
     """The hf engine returning the sampled tokens' log-probs 0.5 nats above its own: a sampler out of step with the
-    trainer, as after a weight sync that failed."""
+    trainer, as after a weight load that failed."""
 
-    def generate(self, prompt_ids, params, generator):
-        out = super().generate(prompt_ids, dataclasses.replace(params, logprobs=True), generator)
+    def sample(self, prompt_ids, params, rng):
+        out = super().sample(prompt_ids, dataclasses.replace(params, logprobs=True), rng)
         return dataclasses.replace(out, logprobs=[[lp + 0.5 for lp in row] for row in out.logprobs])
 
 

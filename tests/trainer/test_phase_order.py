@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
 
 from support.config import SMALL
 from support.runs import in_process_training, train_run
@@ -21,14 +20,14 @@ from tokenpo.trainer import evals, loop, step
 # the trainer's phases (recorded around the loop's own functions) and the engine's calls, in the order they ran
 EXPECTED = [
     "build",
-    # the worst-case pass with the engine asleep, then the sync that wakes it
-    "sleep", "worst_case", "empty_cache", "sync_weights",
-    # the evaluation before training, then every step: rollouts, sleep, update, cache emptied, sync (which wakes)
-    "evaluate", "generate",
-    "rollouts", "generate", "sleep", "update", "empty_cache", "sync_weights",
-    "rollouts", "generate", "sleep", "update", "empty_cache", "sync_weights",
-    # the last step's evaluation, with the engine awake and synced
-    "evaluate", "generate",
+    # the worst-case pass with the engine asleep, then the first version's load that wakes it
+    "sleep", "worst_case", "load",
+    # the evaluation before training, then every step: rollouts, sleep, update, the new version's load (which wakes)
+    "evaluate", "sample",
+    "rollouts", "sample", "sleep", "update", "load",
+    "rollouts", "sample", "sleep", "update", "load",
+    # the last step's evaluation, with the engine awake and loaded
+    "evaluate", "sample",
     "close",
 ]
 
@@ -43,7 +42,7 @@ def calls(monkeypatch) -> list[str]:
             recorded.append("build")
             super().__init__(*args)
 
-    for name in ("generate", "sleep", "wake_up", "sync_weights", "close"):
+    for name in ("sample", "sleep", "wake_up", "load", "close"):
         def method(self, *args, _name=name, **kwargs):
             recorded.append(_name)
             return getattr(HFEngine, _name)(self, *args, **kwargs)
@@ -57,7 +56,6 @@ def calls(monkeypatch) -> list[str]:
 
     monkeypatch.setitem(ENGINES._functions, "recording", RecordingEngine)
     monkeypatch.setitem(ENGINES._traits, "recording", {})
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: recorded.append("empty_cache"))
     monkeypatch.setattr(loop, "run_worst_case", recorded_call("worst_case", loop.run_worst_case))
     monkeypatch.setattr(step, "collect_rollouts", recorded_call("rollouts", step.collect_rollouts))
     monkeypatch.setattr(step, "update_policy", recorded_call("update", step.update_policy))
@@ -65,7 +63,7 @@ def calls(monkeypatch) -> list[str]:
     return recorded
 
 
-def test_engine_sleeps_for_the_worst_case_and_each_update_and_wakes_by_the_sync_after_the_cache_is_emptied(
+def test_engine_sleeps_for_the_worst_case_and_each_update_and_wakes_by_the_load_of_the_next_version(
         calls, tmp_path):
     with in_process_training():
         train_run(tmp_path / "run", [*SMALL, "rollout.engine=recording", "trainer.max_steps=2",
@@ -73,4 +71,4 @@ def test_engine_sleeps_for_the_worst_case_and_each_update_and_wakes_by_the_sync_
     # one generate call or several (dynamic sampling rounds, evaluation batches) count as one phase
     phases = [name for name, _ in itertools.groupby(calls)]
     assert phases == EXPECTED
-    assert "wake_up" not in calls  # the sync wakes the engine; nothing generates from a sleeping one
+    assert "wake_up" not in calls  # the load wakes the engine; nothing samples from a sleeping one

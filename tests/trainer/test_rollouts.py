@@ -81,9 +81,9 @@ def test_exhausted_rounds_keep_the_mixed_groups_that_split_over_the_mini_batches
 
 def test_round_size_is_rounded_up_to_a_multiple_of_the_processes(monkeypatch):
     monkeypatch.setattr(trainer_step.dist, "world_size", lambda: 4)
-    # generate_and_score with 4 ranks would gather over a process group; this checks only the draw
-    monkeypatch.setattr(RolloutSource, "generate_and_score", lambda source, examples, generator, timings: drawn.append(
-        len(examples)) or StepRollouts())
+    # a draw with 4 ranks would gather over a process group; this checks only the round sizes asked for
+    monkeypatch.setattr(RolloutSource, "draw", lambda source, step, round_index, count, timings: drawn.append(
+        count) or StepRollouts())
     drawn: list[int] = []
     run = Scripted("W" * NUM_EXAMPLES, prompts_per_step=4, oversample=1.5, max_gen_batches=3,
                           on_exhausted="keep_partial")

@@ -44,6 +44,12 @@ class DeepSpeedConfig:
 
 
     @property
+    def partitioned(self) -> bool:
+        """ZeRO-3: each process holds a shard of every parameter, so reading a module's weights whole is a collective
+        (the one place tokenpo decides it)."""
+        return self.stage == 3
+
+    @property
     def fp32_grad_sums(self) -> bool:
         """Gradients reduced and accumulated in fp32 although the model trains in bf16 (grad_dtype)."""
         return self.precision == "bf16" and self.grad_dtype == "fp32"
@@ -72,7 +78,7 @@ def engine_json(cfg: DeepSpeedConfig, *, micro_batch_size: int, world_size: int,
     """DeepSpeed's own config dict. Accumulation is caller-owned: every `engine.step()` is a boundary,
     so a step may hold any number of micro-batches and the loss normaliser stays global."""
     zero: dict = {"stage": cfg.engine_stage, "reduce_bucket_size": cfg.reduce_bucket_size, "overlap_comm": cfg.overlap_comm}
-    if cfg.stage == 3:
+    if cfg.partitioned:
         zero["stage3_prefetch_bucket_size"] = cfg.stage3_prefetch_bucket_size
         zero["stage3_max_live_parameters"] = cfg.stage3_max_live_parameters
         zero["stage3_gather_16bit_weights_on_model_save"] = True

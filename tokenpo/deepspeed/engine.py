@@ -134,7 +134,7 @@ class PartitionedLoading:
 def partitioned_loading(ds: DeepSpeedConfig, *, micro_batch_size: int, max_grad_norm: float,
                         world_size: int) -> PartitionedLoading | None:
     """Under ZeRO-3 how to load models partitioned; None at stages 0-2, which load whole models."""
-    if ds.stage != 3:
+    if not ds.partitioned:
         return None
     return PartitionedLoading(engine_json(ds, micro_batch_size=micro_batch_size, world_size=world_size,
                                           max_grad_norm=max_grad_norm))
@@ -154,7 +154,7 @@ def build_reference(model, ds: DeepSpeedConfig, *, load_initial: Callable[[], to
     """A frozen copy of the initial policy in the policy's training dtype (an fp32 reference beside a bf16 policy
     would make kl/ref nonzero at step 0); under ZeRO-3 loaded again, partitioned (`load_initial`: a copy of a
     partitioned model holds no weights), and run by its own engine."""
-    if ds.stage != 3:
+    if not ds.partitioned:
         reference = in_training_dtype(copy.deepcopy(model), ds.precision == "bf16")
         return reference.eval().requires_grad_(False)
     # as TRL's GRPOTrainer does under ZeRO-3: the reference is a second from_pretrained, not a copy of the policy
@@ -166,8 +166,8 @@ def build_reference(model, ds: DeepSpeedConfig, *, load_initial: Callable[[], to
 
 
 @contextlib.contextmanager
-def gathered_for_generation(engine, ds: DeepSpeedConfig):
-    """Under ZeRO-3, gather the policy's full parameters once for a whole generation call.
+def gathered_for_generation(engine, partitioned: bool):
+    """The engine's module for a whole generation call: under ZeRO-3 with its full parameters, gathered once.
 
     ZeRO-3's per-module hooks would otherwise release each layer after its forward and gather it again at every
     decoded token; DeepSpeed's `unwrap_model_for_generation` gathers the parameters and lifts the hooks for the body,
@@ -175,8 +175,8 @@ def gathered_for_generation(engine, ds: DeepSpeedConfig):
     (tokenpo.trainer.worst_case.out_of_memory_reported re-raises). The full model must fit on one device for the
     duration (the parameters are re-partitioned on exit).
     """
-    if ds.stage != 3:
-        yield
+    if not partitioned:
+        yield engine.module
         return
     from deepspeed.runtime.zero import unwrap_model_for_generation
 
@@ -186,4 +186,4 @@ def gathered_for_generation(engine, ds: DeepSpeedConfig):
         # no module releases it, so the marks go (as TRL's remove_hooks does, huggingface/trl#1617)
         for param in engine.module.parameters():
             param.ds_active_sub_modules.clear()
-        yield
+        yield engine.module

@@ -30,7 +30,7 @@ from tokenpo.models.loading import load_model
 from tokenpo.models.lora import adapter_base, is_adapter_folder, with_adapter
 from tokenpo.rewards import RewardConfig, reward_config_from_dict
 from tokenpo.rewards.config import DATASET_FIELDS
-from tokenpo.rollout import build_engine
+from tokenpo.rollout import Published, build_generator
 from tokenpo.rollout.config import RolloutConfig, rollout_config_from_dict
 from tokenpo.schema import from_dict
 
@@ -173,9 +173,11 @@ def run_evaluation(run: EvalRun) -> EvalResult:
     tokenizer, model = load_policy(run.model, run.adapter)
     examples, data_cfg = load_benchmark(run.eval, run.data, run.seed, tokenizer)
     log.info("evaluating %s on %s: %d problems", model_label(run), run.eval.name, len(examples))
-    with contextlib.closing(build_engine(run.rollout, model, tokenizer)) as engine:
+    published = Published.of_module(model)
+    with contextlib.closing(build_generator(run.rollout, tokenizer, published, dist.device())) as generator:
+        generator.load(published)
         result = evaluate_benchmark(Benchmark(run.eval, examples, data_cfg), run.reward, run.rollout,
-                                    TextSampler(engine.generate, tokenizer), run.seed)
+                                    TextSampler(generator.sample, tokenizer), run.seed)
     run.output_dir.mkdir(parents=True, exist_ok=True)
     written = {"model": model_label(run), "benchmark": run.eval.name, "metrics": result.metrics,
                "records": result.records}

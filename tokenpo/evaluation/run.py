@@ -36,7 +36,8 @@ class Sampler(Protocol):
 
 @dataclass(frozen=True)
 class TextSampler:
-    """A rollout engine's generate call, its token ids decoded as the scorer reads them (special tokens dropped)."""
+    """A generator's sample call (Generator.sample), its token ids decoded as the scorer reads them (special tokens
+    dropped)."""
 
     generate: GenerateFn
     tokenizer: object  # a Hugging Face tokenizer

@@ -6,7 +6,7 @@ its adapters switched off (`adapters_disabled`) is the initial policy (every all
 KL reference costs no second copy of the weights. `merged_state_dict` turns the adapted model's state into the plain
 model's, W + (alpha / r) B A per adapted module, as new tensors: the live training weights are never changed;
 `merged_layer_weights` and `streamed_instead` do the same layer by layer for the weight sync to a rollout engine
-(tokenpo.rollout.weight_stream), which thus needs no LoRA support and runs the adapted model at the base model's speed
+(tokenpo.models.weight_stream), which thus needs no LoRA support and runs the adapted model at the base model's speed
 (verl and OpenRLHF sync LoRA policies to vLLM the same way).
 """
 

@@ -4,22 +4,28 @@ The `hf` engine runs in a process of its own (torch.multiprocessing, spawn) with
 samples the next steps' rollouts while the trainer updates. Requests go to it in order, each naming the policy
 version that must sample it (version v: the policy after v updates); the worker generates with exactly that version,
 so a run's rollouts do not depend on timing. Weights go through one shared-memory copy of the model: the trainer
-writes version v there (`push`) only once no submitted request still needs the version it holds and the worker has
+writes version v there (`load`) only once no submitted request still needs the version it holds and the worker has
 not loaded (the worker copies it into its own model when a request names it). What each request waited for, the
-worker for weights and the trainer for rollouts, is reported with it.
+worker for weights and the trainer for rollouts, is reported with it. The worker builds its model from the published
+version's config (the base model: a LoRA policy publishes merged weights) and takes every weight from the pushes.
+
+`AheadGenerator` is a `Generator`: the requests go to the process, and the engine in the trainer's process (`local`)
+samples the evaluations with the live policy.
 """
 
 from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.multiprocessing as mp
 
+from tokenpo.errors import ConfigError
 from tokenpo.rollout.engine import Responses, SamplingParams, seeded_generator
+from tokenpo.rollout.generator import GenerateRequest, Generated, Generator, Published
 
 # seconds between looks at the shared version counters (the worker for weights, the trainer for the worker's load)
 POLL_S = 0.002
@@ -28,33 +34,37 @@ RESULT_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
-class GenerateRequest:
-    key: tuple[int, int]  # (step, dynamic-sampling round) it is drawn for
-    prompt_ids: list[list[int]]
-    params: SamplingParams
-    seed: int  # the sampling generator's seed
-    version: int  # the policy version that samples it
-
-
-@dataclass(frozen=True)
-class Generated:
-    key: tuple[int, int]
-    responses: Responses
-    version: int
-    weights_wait_s: float  # the worker waited this long for the version's weights
-    generate_s: float
-
-
-@dataclass(frozen=True)
 class WorkerSettings:
-    """What the worker builds its model and engine from (picklable)."""
+    """What the worker builds its engine from (picklable); its model comes from the published config."""
 
-    model: object  # ModelConfig
-    seed: int
     pad_id: int
     threads: int  # its intra-op threads (0: torch's default)
     stop_check_every: int | None  # rollout.hf_stop_check_every
     device: str = "cpu"  # its model's device
+
+    @classmethod
+    def from_config(cls, cfg, pad_id: int, world_size: int) -> WorkerSettings:
+        """From the rollout config (RolloutConfig) of a run of `world_size` processes."""
+        return cls(pad_id, cfg.async_.generator_threads, cfg.hf_stop_check_every,
+                   generator_device(cfg.async_.generator_device, world_size))
+
+
+def generator_device(device: str, world_size: int) -> str:
+    """rollout.async.generator_device for this process: one device names one generator, so a CUDA device is refused
+    when several processes would each put their generator on it (a device per process is not built yet)."""
+    if device != "cpu" and world_size > 1:
+        raise ConfigError(f"rollout.async.generator_device={device}: each of the {world_size} processes starts its "
+                          f"own generator, and they would share that one device; use cpu with several processes "
+                          f"(a device per process is not supported yet)")
+    return device
+
+
+def worker_model(config, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """The worker's model: the published config's architecture, in the published dtype, its weights to be pushed."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=config._attn_implementation)
+    return model.to(device).eval()
 
 
 def load_shared(model: torch.nn.Module, shared: dict[str, torch.Tensor]) -> None:
@@ -65,14 +75,12 @@ def load_shared(model: torch.nn.Module, shared: dict[str, torch.Tensor]) -> None
             state[name].copy_(tensor)
 
 
-def worker_main(settings: WorkerSettings, requests, results, shared: dict[str, torch.Tensor], pushed, loaded) -> None:
-    """The generator process: requests in, `Generated` out, until a None request."""
-    from tokenpo.models.loading import load_model
-
+def worker_main(settings: WorkerSettings, model_from: tuple, requests, results, shared: dict[str, torch.Tensor],
+                pushed, loaded) -> None:
+    """The generator process: requests in, `Generated` out, until a None request. `model_from`: (config, dtype)."""
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    _, model = load_model(settings.model, settings.seed)
-    model.to(settings.device).eval()
+    model = worker_model(*model_from, settings.device)
     while (request := requests.get()) is not None:
         waited = time.perf_counter()
         while loaded.value < request.version:
@@ -99,38 +107,44 @@ def generate_request(model: torch.nn.Module, request: GenerateRequest, settings:
 
 
 class AheadGenerator:
-    """The trainer's side: the worker process, its queues and the shared weights."""
+    """The trainer's side: the worker process, its queues and the shared weights; `local`, the engine in this
+    process, samples evaluations."""
 
-    def __init__(self, settings: WorkerSettings, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def __init__(self, settings: WorkerSettings, local: Generator, published: Published) -> None:
         context = mp.get_context("spawn")
-        # one shared copy of every weight, filled by push()
-        self.shared = {name: tensor.detach().to("cpu", copy=True).share_memory_() for name, tensor in weights}
+        self.local = local
+        # one shared copy of every weight, filled by each load
+        self.shared = {name: tensor.detach().to("cpu", copy=True).share_memory_()
+                       for name, tensor in published.tensors()}
         self.pushed, self.loaded = context.Value("q", -1), context.Value("q", -1)
         self.requests, self.results = context.Queue(), context.Queue()
         self.pending: dict[tuple[int, int], GenerateRequest] = {}  # submitted, result not yet taken
-        self.done: dict[tuple[int, int], Generated] = {}  # results taken from the queue, not yet handed out
+        self.done: dict[tuple[int, int], Generated] = {}  # results taken from the queue, or restored
+        self.waits: dict[str, list[float]] = defaultdict(list)
         self.process = context.Process(target=worker_main, daemon=True, name="tokenpo-generator",
-                                       args=(settings, self.requests, self.results, self.shared, self.pushed,
-                                             self.loaded))
+                                       args=(settings, (published.config, published.dtype), self.requests,
+                                             self.results, self.shared, self.pushed, self.loaded))
         self.process.start()
 
-    def push(self, version: int, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
-        """Version `version`'s weights into the shared copy; the seconds spent waiting for the worker to load the
-        version it held (needed by a request it has not started). `weights` is consumed in every case (under
-        ZeRO-3 it gathers with collectives)."""
+    def load(self, published: Published) -> None:
+        """Version `published.version` into the shared copy, once the worker has loaded the version it held if a
+        request it has not started needs that one (the seconds waited are timing/trainer_wait_weights_s); the
+        local engine takes it too. The tensors are read in every case (under ZeRO-3 a collective)."""
+        self.local.load(published)
         held = self.pushed.value
         start = time.perf_counter()
         while self.loaded.value < held and any(r.version == held for r in self.pending.values()):
             self._check_alive()
             time.sleep(POLL_S)
-        waited = time.perf_counter() - start
+        self.waits["timing/trainer_wait_weights_s"].append(time.perf_counter() - start)
         with torch.no_grad():
-            for name, tensor in weights:
+            for name, tensor in published.tensors():
                 self.shared[name].copy_(tensor)
-        self.pushed.value = version
-        return waited
+        self.pushed.value = published.version
 
     def submit(self, request: GenerateRequest) -> None:
+        if request.key in self.done:  # restored from a checkpoint with its result
+            return
         if request.version > self.pushed.value:
             raise RuntimeError(f"rollout generator: request {request.key} needs policy version {request.version}, "
                                f"only {self.pushed.value} was pushed")
@@ -147,12 +161,32 @@ class AheadGenerator:
                 self._check_alive()
                 continue
             self.done[got.key] = got
-        self.pending.pop(key)
+        self.pending.pop(key, None)
         return self.done.pop(key), time.perf_counter() - start
 
-    def drain(self) -> dict[tuple[int, int], Generated]:
-        """Every submitted request's result (waiting for those in flight), taken out of the generator."""
-        return {key: self.result(key)[0] for key in sorted(self.pending)}
+    def sample(self, prompt_ids, params: SamplingParams, rng: torch.Generator) -> Responses:
+        return self.local.sample(prompt_ids, params, rng)
+
+    def sleep(self) -> None:
+        self.local.sleep()
+
+    def wake_up(self) -> None:
+        self.local.wake_up()
+
+    def state_dict(self) -> dict:
+        """Every submitted request's result, waited for (plain data): a resumed run takes them back."""
+        for key in sorted(self.pending):
+            self.done[key] = self.result(key)[0]
+        return {"results": [{**asdict(generated), "key": list(key)} for key, generated in sorted(self.done.items())]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for item in state.get("results", []):
+            key = tuple(item["key"])
+            self.done[key] = Generated(key, Responses(**item["responses"]), item["version"], 0.0, 0.0)
+
+    def take_metrics(self) -> dict[str, float]:
+        taken, self.waits = self.waits, defaultdict(list)
+        return {key: float(sum(values)) for key, values in taken.items()}
 
     def _check_alive(self) -> None:
         if not self.process.is_alive():
@@ -165,3 +199,4 @@ class AheadGenerator:
             self.process.join(timeout=30)
         if self.process.is_alive():
             self.process.kill()
+        self.local.close()

@@ -77,7 +77,7 @@ def vllm_sizing(v: VLLMConfig, device: str) -> VLLMSizing:
 
 @dataclass
 class AsyncConfig:
-    """Generation ahead of the update (tokenpo.rollout.ahead, tokenpo.trainer.ahead)."""
+    """Generation ahead of the update (tokenpo.rollout.ahead, tokenpo.trainer.source.Schedule)."""
 
     max_staleness: int = setting(0,
         "Policy versions generation runs ahead of the update (k; 0 = generate, then train, in turn): step r's batch is "
@@ -125,7 +125,7 @@ class RolloutConfig:
     def validate(self) -> None:
         from tokenpo.rollout.engine import ENGINES
 
-        # the name only: an engine's package is needed where it runs (build_engine), not to validate a config
+        # the name only: an engine's package is needed where it runs (build_generator), not to validate a config
         ENGINES.check(self.engine)
         check_fields(self, "rollout")
         self.vllm.validate()

@@ -1,17 +1,19 @@
-"""The rollout engine interface: an object created once per run that turns prompt token ids into responses.
+"""The rollout engines: the sampling types (`SamplingParams`, `Responses`), the registry of engines, and
+`build_generator`, which builds the run's `Generator` (tokenpo.rollout.generator, the one interface the trainer
+calls; the order of the calls is docs/rollout.md's "Phase order").
 
-The trainer calls only this interface (`build_engine`, then `generate`, `sleep`, `sync_weights`, `close`; the
-order of the calls is docs/rollout.md's "Phase order"):
-the `hf` engine generates with the live policy module, the `vllm` engine with its own copy of the weights that
-`sync_weights` brings up to date after every policy update. Another engine (SGLang, a remote server) plugs
-in by registering a class with the same constructor and methods.
+The `hf` engine generates with the live policy module that `Policy.publish` lends it, the `vllm` engine with its own
+copy of the weights that each `load` brings up to date; with rollout.async.max_staleness >= 1 the `hf` engine runs in
+a process of its own ahead of the update (tokenpo.rollout.ahead) and the in-process engine samples the evaluations.
+Another engine (SGLang, a remote server) plugs in by registering a class with the engines' constructor
+`(cfg: RolloutConfig, tokenizer, published: Published, device)` that implements `Generator`.
 """
 
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from tokenpo.errors import ConfigError
 from tokenpo.registry import Registry
@@ -19,8 +21,8 @@ from tokenpo.registry import Registry
 if TYPE_CHECKING:
     import torch
 
-    from tokenpo.deepspeed.config import DeepSpeedConfig
     from tokenpo.rollout.config import RolloutConfig
+    from tokenpo.rollout.generator import Generator, Published
 
 
 @dataclass(frozen=True)
@@ -47,27 +49,6 @@ class Responses:
     token_versions: list[list[int]] | None = None
 
 
-class RolloutEngine(Protocol):
-    """What the trainer calls; built by `build_engine(cfg, policy, tokenizer, deepspeed_cfg)`."""
-
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, generator: torch.Generator) -> Responses:
-        """Responses to `prompt_ids`; all randomness is drawn from `generator` (a resumed run samples the same)."""
-
-    def sync_weights(self, policy) -> None:
-        """Bring the engine's weights to the policy's (a DeepSpeed engine or a module), and wake it up: the only
-        way to wake an engine whose sleep discarded its weights (vLLM's level 2)."""
-
-    def sleep(self) -> None:
-        """Release the engine's memory, where it can, for a pass that trains (the worst-case pass, each update);
-        the trainer syncs after each such pass, which wakes it."""
-
-    def wake_up(self) -> None:
-        """Take back what `sleep` released, if the weights were kept (generate wakes a sleeping engine by itself)."""
-
-    def close(self) -> None:
-        """Free the engine for good."""
-
-
 def seeded_generator(seed: int, device: torch.device | str) -> torch.Generator:
     """The random stream a generate call draws from, seeded, on the device the engine's model samples on: sampling
     draws its numbers on the logits' device, and a CPU generator beside CUDA logits fails at the first sample."""
@@ -91,6 +72,14 @@ def get_engine(name: str) -> type:
     return ENGINES.get(name)
 
 
-def build_engine(cfg: RolloutConfig, policy, tokenizer, deepspeed: DeepSpeedConfig | None = None) -> RolloutEngine:
-    """The run's engine for `policy` (a DeepSpeed engine, or a plain module for evaluation)."""
-    return get_engine(cfg.engine)(cfg, policy, tokenizer, deepspeed)
+def build_generator(cfg: RolloutConfig, tokenizer, published: Published, device: torch.device,
+                    world_size: int = 1) -> Generator:
+    """The run's generator, holding `published` (the policy before training, or the model evaluated): the engine
+    rollout.engine names in this process, and with rollout.async.max_staleness >= 1 a generation-ahead process in
+    front of it (the engine then samples the evaluations only)."""
+    engine = get_engine(cfg.engine)(cfg, tokenizer, published, device)
+    if not cfg.async_.max_staleness:
+        return engine
+    from tokenpo.rollout.ahead import AheadGenerator, WorkerSettings
+
+    return AheadGenerator(WorkerSettings.from_config(cfg, tokenizer.pad_token_id, world_size), engine, published)

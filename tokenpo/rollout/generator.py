@@ -1,13 +1,14 @@
 """The one interface between training and generation: a `Generator` samples rollouts for a version of the policy that
 `Policy.publish` handed it, and the trainer talks to nothing else.
 
-- `Published`: a version of the policy's weights as it leaves the policy, the only way it does: the tensors in the
-  base model's names (LoRA merged, ZeRO-3 gathered module by module, so no rank holds a second full copy), or, for a
-  generator in the trainer's own process, the live module for the length of a `with`.
+- `Published`: a version of the policy's weights as it leaves the policy (`Policy.publish`), the only way it does: the
+  tensors in the base model's names (LoRA merged, ZeRO-3 gathered module by module, so no rank holds a second full
+  copy), or, for a generator in the trainer's own process, the live module for the length of a `with`.
 - `GenerateRequest` / `Generated`: prompts, sampling parameters, a seed, and the version that must sample them; the
   responses with the version that did and what it waited for.
 - `Generator`: load a published version, take requests (answered now or in the background), sample now with the
-  version it holds (evaluation), sleep and wake, its own checkpoint state, close.
+  version it holds (evaluation), sleep and wake, its own checkpoint state, close. `AnsweredNow` gives a generator in
+  the trainer's process (the `hf` and `vllm` engines) its request half.
 
 Which version samples which step is `version_for`, a pure function of the step and the bound on staleness.
 """
@@ -15,13 +16,17 @@ Which version samples which step is `version_for`, a pure function of the step a
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
+from tokenpo.models.lora import base_model
+from tokenpo.models.weight_stream import policy_weights
+
+if TYPE_CHECKING:
     from tokenpo.rollout.engine import Responses, SamplingParams
 
 
@@ -35,8 +40,17 @@ class Published:
     tensors: Callable[[], Iterator[tuple[str, torch.Tensor]]]
     # for a generator in the trainer's process: the live module ready to generate (ZeRO-3 gathered for the `with`)
     module: Callable[[], contextlib.AbstractContextManager[torch.nn.Module]]
-    # the base model's Hugging Face config (what an engine builds its own model from)
+    # the base model's Hugging Face config and its weights' dtype (what a generator builds its own model from)
     config: object
+    dtype: torch.dtype
+    architecture: str  # the base model's class (LlamaForCausalLM): what a config made in memory does not name
+
+    @classmethod
+    def of_module(cls, module: torch.nn.Module, version: int = 0) -> Published:
+        """A plain module in this process as version `version` (evaluation: no DeepSpeed, no partition)."""
+        base = base_model(module)
+        return cls(version, lambda: policy_weights(module, partitioned=False), lambda: contextlib.nullcontext(module),
+                   base.config, next(module.parameters()).dtype, type(base).__name__)
 
 
 @dataclass(frozen=True)
@@ -96,3 +110,35 @@ class Generator(Protocol):
 
     def close(self) -> None:
         """Stop for good: no process or server it started outlives it."""
+
+
+class AnsweredNow:
+    """The request half of a generator in the trainer's process: a request is sampled when it is submitted, by the
+    version loaded (which must be the one it names), from a generator seeded with its seed on `self.device`. The
+    class using it defines `sample` and sets `published`, `device` and `answers` (a dict)."""
+
+    published: Published
+    device: torch.device
+    answers: dict
+
+    def submit(self, request: GenerateRequest) -> None:
+        from tokenpo.rollout.engine import seeded_generator
+
+        if request.version != self.published.version:
+            raise RuntimeError(f"rollout engine: request {request.key} needs policy version {request.version}, the "
+                               f"engine holds {self.published.version}")
+        started = time.perf_counter()
+        out = self.sample(request.prompt_ids, request.params, seeded_generator(request.seed, self.device))
+        self.answers[request.key] = Generated(request.key, out, request.version, 0.0, time.perf_counter() - started)
+
+    def result(self, key: tuple[int, int]) -> tuple[Generated, float]:
+        return self.answers.pop(key), 0.0
+
+    def state_dict(self) -> dict:
+        return {}  # nothing in flight: a request is answered when submitted
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def take_metrics(self) -> dict[str, float]:
+        return {}

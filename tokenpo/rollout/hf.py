@@ -6,7 +6,7 @@ A row that stops is masked on the device (its later tokens are not recorded) and
 rows are dropped) at the next host check, every `rollout.hf_stop_check_every` decode steps: the decode steps after
 it only pay for the rows still running (most math answers stop well before the length cap), while a GPU is not
 stalled by a host sync every token.
-The `hf` engine generates with the live policy module, so it has no weights to sync and no memory to release.
+The `hf` engine generates with the live policy module, so it has no weights to copy and no memory to release.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from transformers import DynamicCache
 from tokenpo.models.logprobs import kv_cache, left_pad, position_ids_from_mask
 from tokenpo.models.modes import no_dropout
 from tokenpo.rollout.engine import ENGINES, Responses, SamplingParams
+from tokenpo.rollout.generator import AnsweredNow, Published
 
 # vocabulary entries per block of the two-level inverse CDF (sample_with_uniform)
 SAMPLING_BLOCK = 256
@@ -110,23 +111,20 @@ def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor, block: int | None = 
 
 
 @ENGINES.register("hf")
-class HFEngine:
-    """The policy's own modules (under ZeRO-3 gathered once per generate call)."""
+class HFEngine(AnsweredNow):
+    """The policy's own modules, lent by the published version (under ZeRO-3 gathered once per sampling call)."""
 
-    def __init__(self, cfg, policy, tokenizer, deepspeed=None) -> None:
-        self.policy, self.pad_id, self.deepspeed = policy, tokenizer.pad_token_id, deepspeed
-        self.stop_check_every = cfg.hf_stop_check_every
+    def __init__(self, cfg, tokenizer, published: Published, device: torch.device) -> None:
+        self.published, self.device, self.answers = published, device, {}
+        self.pad_id, self.stop_check_every = tokenizer.pad_token_id, cfg.hf_stop_check_every
 
-    def generate(self, prompt_ids, params: SamplingParams, generator: torch.Generator) -> Responses:
-        if self.deepspeed is None:  # a plain module (evaluation)
-            return generate_hf(self.policy, prompt_ids, params, self.pad_id, generator, self.stop_check_every)
-        from tokenpo.deepspeed.engine import gathered_for_generation
+    def load(self, published: Published) -> None:
+        """Nothing to copy: sampling reads the live module the version lends."""
+        self.published = published
 
-        with gathered_for_generation(self.policy, self.deepspeed):
-            return generate_hf(self.policy.module, prompt_ids, params, self.pad_id, generator, self.stop_check_every)
-
-    def sync_weights(self, policy) -> None:
-        """Nothing to do: generate reads the live policy."""
+    def sample(self, prompt_ids, params: SamplingParams, rng: torch.Generator) -> Responses:
+        with self.published.module() as module:
+            return generate_hf(module, prompt_ids, params, self.pad_id, rng, self.stop_check_every)
 
     def sleep(self) -> None:
         """Nothing to release."""

@@ -1,11 +1,11 @@
 """Rollouts on vLLM, colocated with the trainer in each process (as TRL's `vllm_mode=colocate` and verl's hybrid
 engine run it): every rank has its own engine and generates its own share of the groups.
 
-The engine starts from the policy's config and tokenizer with dummy weights and gets every weight from
-`sync_weights`, the same call that follows each policy update, so the sync cannot silently miss a layer
+The engine starts from the published version's config and tokenizer with dummy weights and gets every weight from
+`load`, the same call that follows each policy update, so a load cannot silently miss a layer
 (tests/rollout/test_vllm_engine.py checks the log-probs after several updates). Weights stream one module at a
-time (tokenpo/rollout/weight_stream.py): under ZeRO-3 each module's shards are gathered only while that module's
-weights are handed over, and a LoRA policy's layers arrive merged (W + scale·B·A).
+time (`Published.tensors`, tokenpo/models/weight_stream.py): under ZeRO-3 each module's shards are gathered only
+while that module's weights are handed over, and a LoRA policy's layers arrive merged (W + scale·B·A).
 
 vLLM's CPU backend repacks every linear weight for its GEMM kernels and leaves an empty parameter behind, so
 `load_weights` into the live model has nowhere to write; there the sync goes through vLLM's in-place reload
@@ -23,31 +23,29 @@ import tempfile
 import torch
 
 from tokenpo.deepspeed import dist
-from tokenpo.models.lora import base_model
 from tokenpo.rollout.config import vllm_sizing
 from tokenpo.rollout.engine import ENGINES, Responses, SamplingParams
-from tokenpo.rollout.weight_stream import policy_weights
+from tokenpo.rollout.generator import AnsweredNow, Published
 
 # vLLM's own RNG only serves requests without a seed; each request gets one drawn from the run's generator
 SEED_RANGE = 2**31 - 1
 
 
-def model_folder(module: torch.nn.Module, tokenizer) -> tempfile.TemporaryDirectory:
-    """A folder with the policy's config and tokenizer (no weights): what vLLM builds its model from (for a LoRA
-    policy, the base model's: the sync sends merged weights)."""
+def model_folder(published: Published, tokenizer) -> tempfile.TemporaryDirectory:
+    """A folder with the published model's config and tokenizer (no weights): what vLLM builds its model from (the
+    base model's: a LoRA policy publishes merged weights)."""
     folder = tempfile.TemporaryDirectory(prefix="tokenpo-vllm-")
-    module = base_model(module)
-    config = copy.deepcopy(module.config)
-    # the class vLLM builds: a config made in memory (the tiny model) names none, and a bare LlamaModel has no head
-    config.architectures = [type(module).__name__]
+    config = copy.deepcopy(published.config)
+    # the class vLLM builds: a config made in memory (the tiny model) names none
+    config.architectures = config.architectures or [published.architecture]
     config.save_pretrained(folder.name)
     tokenizer.save_pretrained(folder.name)
     return folder
 
 
 @ENGINES.register("vllm")
-class VLLMEngine:
-    def __init__(self, cfg, policy, tokenizer, deepspeed=None) -> None:
+class VLLMEngine(AnsweredNow):
+    def __init__(self, cfg, tokenizer, published: Published, device: torch.device) -> None:
         # colocated: vLLM runs in this process (its worker reads the weights this process streams to it)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
@@ -55,18 +53,17 @@ class VLLMEngine:
 
         v = cfg.vllm
         sizing = vllm_sizing(v, "cpu" if current_platform.is_cpu() else "cuda")
-        module = getattr(policy, "module", policy)
-        self.zero3 = deepspeed is not None and deepspeed.stage == 3
+        self.published, self.device, self.answers = published, device, {}
         self.in_place_reload = current_platform.is_cpu()
         self.sleep_mode = v.sleep_mode and current_platform.is_sleep_mode_available()
         self.sleep_level = v.sleep_level
         # asleep: the KV cache is released; weights_discarded: the weights too (level 2), until the next sync
         self.asleep = self.weights_discarded = False
-        dtype = v.dtype if v.dtype != "auto" else str(next(module.parameters()).dtype).removeprefix("torch.")
-        self.folder = model_folder(module, tokenizer)
+        dtype = v.dtype if v.dtype != "auto" else str(published.dtype).removeprefix("torch.")
+        self.folder = model_folder(published, tokenizer)
         self.llm = LLM(
             model=self.folder.name,
-            load_format="dummy",  # every weight comes from sync_weights
+            load_format="dummy",  # every weight comes from load
             dtype=dtype,
             seed=v.seed,
             tensor_parallel_size=v.tensor_parallel_size,
@@ -82,15 +79,14 @@ class VLLMEngine:
             # every rank runs its own engine inside the launcher's process group
             distributed_executor_backend="external_launcher" if dist.world_size() > 1 else None,
         )
-        self.sync_weights(policy)
 
-    def generate(self, prompt_ids, params: SamplingParams, generator: torch.Generator) -> Responses:
+    def sample(self, prompt_ids, params: SamplingParams, rng: torch.Generator) -> Responses:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
         self.wake_up()
         # one seed per prompt (vLLM gives its G samples seed, seed + 1, ...): the same draws whatever the batching
-        seeds = torch.randint(SEED_RANGE, (len(prompt_ids),), generator=generator, device=generator.device).tolist()
+        seeds = torch.randint(SEED_RANGE, (len(prompt_ids),), generator=rng, device=rng.device).tolist()
         requests = [VLLMSamplingParams(
             n=params.num_samples, temperature=params.temperature, top_p=params.top_p,
             max_tokens=params.max_new_tokens, seed=seed, logprobs=0, detokenize=False,
@@ -117,13 +113,15 @@ class VLLMEngine:
         # cached prompt KV was computed with the old weights
         self.llm.reset_prefix_cache()
 
-    def sync_weights(self, policy) -> None:
+    def load(self, published: Published) -> None:
+        """Version `published.version`'s weights copied in; wakes a sleeping engine (the only way to wake one whose
+        sleep discarded its weights)."""
         if self.asleep:
             # weights first, the KV cache after the copy: the peak stays at the policy + vLLM's weights (verl's
             # sharding manager and TRL's colocate mode wake `weights`, load, then wake `kv_cache`)
             self._wake(["weights"])
-        self.load_weights(policy_weights(getattr(policy, "module", policy), self.zero3))
-        self.weights_discarded = False
+        self.load_weights(published.tensors())
+        self.published, self.weights_discarded = published, False
         if self.asleep:
             # the stream's temporaries (ZeRO-3 gathers, LoRA merges) are freed by now: their cached blocks too
             self._wake(["kv_cache"])
@@ -147,7 +145,7 @@ class VLLMEngine:
                 # TRL reloads the checkpoint from disk here (collective_rpc("reload_weights")); this engine was built
                 # with dummy weights, so only a sync can bring them back
                 raise RuntimeError("the vLLM engine discarded its weights when it slept (sleep level 2): "
-                                   "sync_weights(policy) wakes it, not wake_up")
+                                   "load(published) wakes it, not wake_up")
             self._wake(None)
             self.asleep = False
 

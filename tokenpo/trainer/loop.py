@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -23,20 +26,17 @@ from tokenpo.logger.run_logger import RunLogger, samples_due
 from tokenpo.logger.samples import rollout_rows
 from tokenpo.plan.memory import with_vllm_share
 from tokenpo.rewards import RewardScorer
-from tokenpo.rollout.engine import build_engine
-from tokenpo.rollout.ahead import AheadGenerator, WorkerSettings
-from tokenpo.rollout.weight_stream import policy_weights
-from tokenpo.trainer.ahead import AheadSource, generator_device
+from tokenpo.rollout import Generator, build_generator
 from tokenpo.trainer.environment import record_environment
 from tokenpo.trainer.evals import AFTER, BEFORE, Evaluator, evaluate_benchmarks, load_benchmarks
 from tokenpo.trainer.health import HealthMonitor
+from tokenpo.trainer.identity import RunIdentity
 from tokenpo.trainer.launch import StopRequest
 from tokenpo.trainer.optim import step_lr
 from tokenpo.trainer.policy import Policy
-from tokenpo.trainer.source import PromptCache, RolloutSource, sampling_params
-from tokenpo.trainer.identity import RunIdentity
+from tokenpo.trainer.source import PromptCache, Prompts, RolloutSource, Schedule, sampling_params
 from tokenpo.trainer.state import RunState, resume_run, save_run
-from tokenpo.trainer.step import StepSettings, sync_engine, train_step
+from tokenpo.trainer.step import StepResult, StepSettings, train_step
 from tokenpo.trainer.worst_case import out_of_memory_reported, run_worst_case, step_shapes, worst_case_enabled
 
 log = logging.getLogger("tokenpo")
@@ -48,97 +48,35 @@ def train(cfg: TrainConfig, identity: RunIdentity) -> dict:
     if trainer.threads:
         torch.set_num_threads(trainer.threads)
     dist.init_distributed(cfg.deepspeed.backend, trainer.dist_timeout_s)
-    cfg.validate_batch(dist.world_size())
+    world = dist.world_size()
+    cfg.validate_batch(world)
     torch.manual_seed(cfg.seed)
-    tokenizer, policy = Policy.build(cfg, dist.world_size(), dist.device())
+    tokenizer, policy = Policy.build(cfg, world, dist.device())
     train_examples, train_eval = load_splits(cfg.data, cfg.seed, tokenizer)
     benchmarks = load_benchmarks(cfg.eval, cfg.data, cfg.seed, tokenizer, train_eval, train_examples)
     sampler = PromptSampler(train_examples, cfg.data.prompts_per_step, cfg.seed)
-    prompts, stops = PromptCache(tokenizer, cfg.data), stop_token_ids(tokenizer, cfg.rollout.eos_tokens)
     run = StepSettings.from_config(cfg, tokenizer.pad_token_id)
-
-    def decode(ids: list[list[int]]) -> list[str]:
-        return tokenizer.batch_decode(ids, skip_special_tokens=True)
-
     stop = StopRequest()
     with RewardScorer(run.reward) as scorer, \
-            contextlib.closing(build_engine(with_vllm_share(cfg, dist.world_size()), policy.engine, tokenizer,
-                                            cfg.deepspeed)) as engine:
-        source = RolloutSource(engine, scorer, prompts, decode, sampling_params(cfg.rollout, stops), cfg.seed,
-                               policy.device)
-        if cfg.rollout.async_.max_staleness:
-            source = ahead_source(cfg, source, policy, sampler, tokenizer.pad_token_id)
-        evaluator = Evaluator(TextSampler(engine.generate, tokenizer), scorer, cfg.reward, cfg.rollout, cfg.seed)
-        state, resumed = resume_run(policy, sampler, trainer.resume, run_dir,
-                                    with_checksums=trainer.verify_checkpoints == "full")
+            contextlib.closing(build_generator(with_vllm_share(cfg, world), tokenizer, policy.publish(0),
+                                               policy.device, world)) as generator:
+        source = rollout_source(cfg, generator, scorer, sampler, tokenizer)
+        evaluator = Evaluator(TextSampler(generator.sample, tokenizer), scorer, cfg.reward, cfg.rollout, cfg.seed)
+        state, _ = resume_run(policy, sampler, trainer.resume, run_dir,
+                              with_checksums=trainer.verify_checkpoints == "full")
         logger = RunLogger(cfg.logger, identity, enabled=dist.is_main(), resume_id=state.wandb_id)
         health = HealthMonitor(trainer.health, policy.guard, state.health, alert=logger.alert)
-        logger.describe_run(policy.module)
-        if dist.is_main():
-            record_environment(run_dir, state.step, dist.world_size())
-            log.info("run dir: %s", run_dir)
-            log.info("prompt template: %s", describe_template(cfg.data.template, tokenizer))
-
-        def evaluate_at(step: int, point=None) -> dict[str, float]:
-            return evaluate_benchmarks(evaluator, benchmarks, step, logger, samples_rows=cfg.logger.samples_rows,
-                                       print_samples=trainer.print_samples, run_dir=run_dir, point=point)
-
-        # the engine's weights are the initial policy's until a sync: stale after a resume
-        engine_stale = resumed
+        announce(cfg, identity, state, policy, logger, tokenizer)
+        evaluate = functools.partial(evaluate_benchmarks, evaluator, benchmarks, logger=logger, run_dir=run_dir,
+                                     samples_rows=cfg.logger.samples_rows, print_samples=trainer.print_samples)
+        loop = Loop(cfg, run_dir, run, policy, source, logger, health, state, evaluate if benchmarks else None)
         if state.step < trainer.max_steps and worst_case_enabled(trainer.worst_case_first, policy.device):
-            engine.sleep()  # the pass checks the update's shapes with the memory the update will have
-            run_worst_case(cfg, run, policy, [prompts(example) for example in train_examples])
-            engine_stale = True  # asleep (at vLLM's sleep level 2 without its weights): only a sync wakes it
-        if engine_stale:
-            sync_engine(engine, policy)
-        if isinstance(source, AheadSource):  # the rounds in flight at the checkpoint, or the first ones
-            if state.in_flight is not None:
-                source.restore(state.in_flight[dist.rank()])
-            source.start(policy, state.step)
-        if state.step == 0 and benchmarks and cfg.eval.before_training:
-            metrics = evaluate_at(0, BEFORE)
-            state.eval_before = metrics.get("eval/accuracy")
-            # the training clock starts after this evaluation: the before-training point sits at 0 s
-            logger.log(0, {**metrics, "time/elapsed_s": 0.0, "tokens/generated_total": 0.0})
-
-        started = time.perf_counter() - state.elapsed_s
-        shapes = step_shapes(cfg)  # what an out-of-memory line names: fixed by the config, built once
-        interrupted = False
-        for step in range(state.step + 1, trainer.max_steps + 1):
-            with out_of_memory_reported(cfg, f"step {step}", shapes):
-                result = train_step(step, step_lr(step, trainer), run, policy, source, sampler, state.entropy_coef,
-                                    health)
-            metrics = result.metrics
-            state.step, state.generated_tokens = step, state.generated_tokens + result.generated_tokens
-            state.health = health.state_dict()
-            state.entropy_coef = result.entropy_coef  # adaptive entropy control goes on from here after a resume
-            metrics["tokens/generated_total"] = float(state.generated_tokens)  # a resumed run continues the count
-            last = step == trainer.max_steps
-            evaluated = bool(benchmarks) and (last or bool(cfg.eval.every_steps and step % cfg.eval.every_steps == 0))
-            if samples_due(cfg.logger, step) or evaluated:
-                logger.log_samples(step, "rollouts", rollout_rows(step, result.rollouts, run.reward,
-                                                                  cfg.logger.samples_rows))
-            if evaluated:
-                eval_metrics = evaluate_at(step, AFTER if last else None)
-                metrics.update(eval_metrics)
-                if last:
-                    state.eval_after = eval_metrics.get("eval/accuracy")
-            metrics["time/elapsed_s"] = state.elapsed_s = time.perf_counter() - started
-            logger.log(step, metrics)
-            # every rank must agree: a signal may have reached only some of them
-            interrupted = any(dist.all_gather_objects(stop.requested))
-            # a health detector with action=stop ends the run as a signal does (every rank saw the same metrics)
-            interrupted = interrupted or health.stopping is not None
-            if (trainer.save_every and step % trainer.save_every == 0) or interrupted:
-                if isinstance(source, AheadSource):  # what the generator has sampled ahead, every rank's
-                    state.in_flight = dist.all_gather_objects(source.in_flight())
-                state.sampler, state.wandb_id = sampler.state_dict(), logger.wandb_id
-                save_run(policy, state, run_dir, keep_last=trainer.keep_last,
-                         with_checksums=trainer.verify_checkpoints == "full")
-            if interrupted:
-                break
-        if isinstance(source, AheadSource):
-            source.close()
+            source.before_update()  # the pass checks the update's shapes with the memory the update will have
+            run_worst_case(cfg, run, policy, [source.prompts.encode(example) for example in train_examples])
+        if state.in_flight is not None:  # the rounds in flight at the checkpoint, this rank's
+            source.load_state_dict(state.in_flight[dist.rank()])
+        source.start(policy, state.step)
+        interrupted = loop.train_steps(stop)
         if state.step == trainer.max_steps:
             policy.export(tokenizer, run_dir / "final")
         logger.finish()
@@ -149,21 +87,96 @@ def train(cfg: TrainConfig, identity: RunIdentity) -> dict:
     return summary
 
 
-def ahead_source(cfg: TrainConfig, source: RolloutSource, policy: Policy, sampler: PromptSampler,
-                 pad_id: int) -> AheadSource:
-    """`source` with generation ahead of the update in a generator process (rollout.async)."""
-    zero3 = cfg.deepspeed.stage == 3
-    # the base model: the trainer pushes merged weights under its names (LoRA folded in, as for vLLM)
-    base = dataclasses.replace(cfg.model, lora=dataclasses.replace(cfg.model.lora, rank=0))
-    settings = WorkerSettings(base, cfg.seed, pad_id, cfg.rollout.async_.generator_threads,
-                              cfg.rollout.hf_stop_check_every,
-                              generator_device(cfg.rollout.async_.generator_device, dist.world_size()))
-    generator = AheadGenerator(settings, policy_weights(policy.module, zero3))
+def rollout_source(cfg: TrainConfig, generator: Generator, scorer: RewardScorer, sampler: PromptSampler,
+                   tokenizer) -> RolloutSource:
+    """The run's source of scored rollouts over `generator`, on the schedule rollout.async sets."""
     sampling = cfg.algorithm.dynamic_sampling
     first_round = (alg.prompts_per_round(cfg.data.prompts_per_step, sampling.oversample, dist.world_size())
                    if sampling.enabled else cfg.data.prompts_per_step)
-    return AheadSource(source, generator, cfg.rollout.async_.max_staleness, first_round, cfg.trainer.max_steps,
-                       sampler, zero3)
+    prompts = Prompts(sampler, PromptCache(tokenizer, cfg.data),
+                      functools.partial(tokenizer.batch_decode, skip_special_tokens=True))
+    stops = stop_token_ids(tokenizer, cfg.rollout.eos_tokens)
+    return RolloutSource(generator, scorer, prompts, sampling_params(cfg.rollout, stops),
+                         Schedule(cfg.rollout.async_.max_staleness, first_round, cfg.trainer.max_steps), cfg.seed)
+
+
+def announce(cfg: TrainConfig, identity: RunIdentity, state: RunState, policy: Policy, logger: RunLogger,
+             tokenizer) -> None:
+    """The run described to the logger, and on rank 0 its environment recorded and its folder and template logged."""
+    logger.describe_run(policy.module)
+    if dist.is_main():
+        record_environment(identity.run_dir, state.step, dist.world_size())
+        log.info("run dir: %s", identity.run_dir)
+        log.info("prompt template: %s", describe_template(cfg.data.template, tokenizer))
+
+
+@dataclasses.dataclass
+class Loop:
+    """The steps and what happens around each: evaluations, sample tables, metrics, checkpoints, stops."""
+
+    cfg: TrainConfig
+    run_dir: Path
+    run: StepSettings
+    policy: Policy
+    source: RolloutSource
+    logger: RunLogger
+    health: HealthMonitor
+    state: RunState
+    # evaluate(step, point=None) -> metrics: every benchmark at a step (evals.evaluate_benchmarks); None without any
+    evaluate: Callable[..., dict[str, float]] | None
+
+    def train_steps(self, stop: StopRequest) -> bool:
+        """The evaluation before training, then the steps from the state's on; whether a stop ended them early."""
+        state, trainer = self.state, self.cfg.trainer
+        if state.step == 0 and self.evaluate and self.cfg.eval.before_training:
+            metrics = self.evaluate(0, point=BEFORE)
+            state.eval_before = metrics.get("eval/accuracy")
+            # the training clock starts after this evaluation: the before-training point sits at 0 s
+            self.logger.log(0, {**metrics, "time/elapsed_s": 0.0, "tokens/generated_total": 0.0})
+        started = time.perf_counter() - state.elapsed_s
+        shapes = step_shapes(self.cfg)  # what an out-of-memory line names: fixed by the config, built once
+        for step in range(state.step + 1, trainer.max_steps + 1):
+            with out_of_memory_reported(self.cfg, f"step {step}", shapes):
+                result = train_step(step, step_lr(step, trainer), self.run, self.policy, self.source,
+                                    state.entropy_coef, self.health)
+            metrics = self.after_step(step, result)
+            metrics["time/elapsed_s"] = state.elapsed_s = time.perf_counter() - started
+            self.logger.log(step, metrics)
+            # every rank must agree: a signal may have reached only some of them; a health detector with
+            # action=stop ends the run as a signal does (every rank saw the same metrics)
+            interrupted = any(dist.all_gather_objects(stop.requested)) or self.health.stopping is not None
+            if (trainer.save_every and step % trainer.save_every == 0) or interrupted:
+                self.save()
+            if interrupted:
+                return True
+        return False
+
+    def after_step(self, step: int, result: StepResult) -> dict[str, float]:
+        """The run state advanced past `step`; its metrics with the evaluation due at it; its sample table."""
+        state, metrics, last = self.state, result.metrics, step == self.cfg.trainer.max_steps
+        state.step, state.generated_tokens = step, state.generated_tokens + result.generated_tokens
+        state.health = self.health.state_dict()
+        state.entropy_coef = result.entropy_coef  # adaptive entropy control goes on from here after a resume
+        metrics["tokens/generated_total"] = float(state.generated_tokens)  # a resumed run continues the count
+        every = self.cfg.eval.every_steps
+        evaluated = self.evaluate is not None and (last or bool(every and step % every == 0))
+        if samples_due(self.cfg.logger, step) or evaluated:
+            self.logger.log_samples(step, "rollouts", rollout_rows(step, result.rollouts, self.run.reward,
+                                                                   self.cfg.logger.samples_rows))
+        if evaluated:
+            eval_metrics = self.evaluate(step, point=AFTER if last else None)
+            metrics.update(eval_metrics)
+            if last:
+                state.eval_after = eval_metrics.get("eval/accuracy")
+        return metrics
+
+    def save(self) -> None:
+        """A checkpoint of the policy and the run state, with every rank's rounds in flight."""
+        state, trainer = self.state, self.cfg.trainer
+        state.in_flight = dist.all_gather_objects(self.source.state_dict())
+        state.sampler, state.wandb_id = self.source.prompts.sampler.state_dict(), self.logger.wandb_id
+        save_run(self.policy, state, self.run_dir, keep_last=trainer.keep_last,
+                 with_checksums=trainer.verify_checkpoints == "full")
 
 
 def write_summary(state: RunState, identity: RunIdentity, interrupted: bool, signum: int | None,

@@ -1,6 +1,7 @@
 """The trained model behind one interface: its DeepSpeed engine, LoRA adapters, the KL reference, checkpoint state and
-export. The step calls `logprobs`, `reference_logprobs`, `backward`, `step`; nothing outside this module needs to know
-whether the policy trains LoRA adapters, where its reference lives, or which ZeRO stage partitions it.
+export. The step calls `logprobs`, `reference_logprobs`, `backward`, `step`; weights leave it only through
+`publish`; nothing outside this module needs to know whether the policy trains LoRA adapters, where its reference
+lives, or whether ZeRO-3 partitions it.
 
 LoRA (tokenpo.models.lora) changes four things of the policy, all of them here: no reference copy is built (the policy's own
 module with its adapters off is the initial policy), checkpoints hold the trainable parameters only (the frozen base
@@ -25,12 +26,15 @@ import torch
 from tokenpo import algorithms as alg
 from tokenpo.config import TrainConfig
 from tokenpo.deepspeed import dist
-from tokenpo.deepspeed.engine import build_policy_engine, build_reference, forward_in_engine, partitioned_loading
+from tokenpo.deepspeed.engine import (build_policy_engine, build_reference, forward_in_engine, gathered_for_generation,
+                                      partitioned_loading)
 from tokenpo.deepspeed.export import zero3_16bit_state_dict
 from tokenpo.models.loading import load_model
 from tokenpo.models.logprobs import PassTokens, response_logprobs
-from tokenpo.models.lora import adapters_disabled, save_merged_and_adapter
+from tokenpo.models.lora import adapters_disabled, base_model, save_merged_and_adapter
 from tokenpo.models.modes import no_dropout
+from tokenpo.models.weight_stream import policy_weights
+from tokenpo.rollout.generator import Published
 from tokenpo.trainer import checkpoint
 from tokenpo.trainer.batch import GroupTokens
 from tokenpo.trainer.checkpoint_manifest import CheckpointError
@@ -55,14 +59,19 @@ class PolicySettings:
     recompute_head: bool  # trainer.recompute_head: the update's output layer recomputed in the backward
     lora: dict | None  # model.lora settings (LoraConfig.settings()); None: full fine-tuning
     pack_sequences: bool = False  # trainer.pack_sequences: every pass's rows as one padding-free sequence
-    # the same decoder and output-layer calls on every rank (ZeRO-3 on several processes: each call gathers parameters
-    # with collectives)
-    lockstep: bool = False
+    partitioned: bool = False  # ZeRO-3: each process holds a shard of every parameter
+    world_size: int = 1
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, world_size: int = 1) -> PolicySettings:
         return cls(cfg.rollout.temperature or 1.0, cfg.trainer.logit_chunk_tokens, cfg.trainer.recompute_head,
-                   cfg.model.lora.settings(), cfg.trainer.pack_sequences, cfg.deepspeed.stage == 3 and world_size > 1)
+                   cfg.model.lora.settings(), cfg.trainer.pack_sequences, cfg.deepspeed.partitioned, world_size)
+
+    @property
+    def lockstep(self) -> bool:
+        """The same decoder and output-layer calls on every rank: under ZeRO-3 on several processes each call gathers
+        parameters with collectives."""
+        return self.partitioned and self.world_size > 1
 
 
 class Policy:
@@ -70,7 +79,7 @@ class Policy:
 
     def __init__(self, engine, optimizer: torch.optim.Optimizer | None, reference: torch.nn.Module | None,
                  device: torch.device, settings: PolicySettings) -> None:
-        self.engine = engine  # rollout engines sync their weights from it
+        self.engine = engine  # DeepSpeed's; its weights leave through `publish` only
         self.optimizer = optimizer  # the torch optimizer inside the engine (the learning rate is set on its groups)
         self.device = device
         self.settings = settings
@@ -101,6 +110,17 @@ class Policy:
         optimizer = build_optimizer(model, cfg.trainer)
         engine = build_policy_engine(model, optimizer, cfg.deepspeed, **sizes)
         return tokenizer, cls(engine, optimizer, reference, device, settings)
+
+    def publish(self, version: int) -> Published:
+        """The only way weights leave the policy: version `version` (the policy after that many rollout steps'
+        updates) for a generator, read when it loads it: the tensors in the base model's names, a LoRA policy's
+        layers merged (W + scale·B·A), under ZeRO-3 gathered one module at a time so no rank holds a second full
+        copy; or the live module for a generator in this process (under ZeRO-3 gathered for the `with`)."""
+        self.guard.flush()  # an update held for the step's health checks is applied before its weights go out
+        module, partitioned, base = self.module, self.settings.partitioned, base_model(self.module)
+        return Published(version, lambda: policy_weights(module, partitioned),
+                         lambda: gathered_for_generation(self.engine, partitioned), base.config,
+                         next(module.parameters()).dtype, type(base).__name__)
 
     def _forward(self, model, tokens: GroupTokens, *, with_entropy: bool, entropy_grad: bool = False,
                  recompute_head: bool = False, fed: PassTokens | None = None) -> TokenLogprobs:
@@ -198,7 +218,7 @@ class Policy:
         """The final policy in Hugging Face format in `out` (AutoModelForCausalLM.from_pretrained loads it); a LoRA
         policy merged into its base weights there and as the PEFT adapter in out/adapter. Under ZeRO-3 every rank
         holds a shard: all ranks take part in consolidating the 16-bit weights, which rank 0 alone writes."""
-        state = zero3_16bit_state_dict(self.module) if self.engine.zero_optimization_stage() == 3 else None
+        state = zero3_16bit_state_dict(self.module) if self.settings.partitioned else None
         if dist.is_main():
             if self.settings.lora:
                 save_merged_and_adapter(self.module, out, state)

@@ -34,9 +34,9 @@ class RunState:
     # the entropy coefficient's state the next step starts from (adaptive entropy control's c_k and gate); None
     # before the first step, and in checkpoints written before it existed: the step then starts from the config's
     entropy_coef: EntropyCoef | None = None
-    # rollouts sampled ahead of the update (rollout.async.max_staleness >= 1) and not trained on yet, one list per
-    # rank (its own generator's rounds: tokenpo.trainer.ahead.AheadSource.in_flight); None when generating in turn
-    in_flight: list[list[dict]] | None = None
+    # rollouts sampled ahead of the update (rollout.async.max_staleness >= 1) and not trained on yet, one state per
+    # rank (its own generator's rounds: tokenpo.trainer.source.RolloutSource.state_dict); None before a checkpoint
+    in_flight: list[dict] | None = None
     health: dict | None = None  # trainer.health's detectors after the last step (None before the first)
 
     def to_client_state(self) -> dict:

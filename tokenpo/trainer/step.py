@@ -22,11 +22,9 @@ from tokenpo import algorithms as alg
 from tokenpo.algorithms.config import AlgorithmConfig, DynamicSamplingConfig
 from tokenpo.algorithms.entropy_control import EntropyCoef
 from tokenpo.config import TrainConfig
-from tokenpo.data import PromptSampler
 from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
 from tokenpo.rewards import CORRECT, RewardConfig, correct_counts
-from tokenpo.rollout.engine import RolloutEngine
 from tokenpo.models.logprobs import PassTokens
 from tokenpo.trainer.batch import BatchSplit, MicroBatch, UpdatePlan, pad_to
 from tokenpo.trainer.health import HealthMonitor
@@ -98,17 +96,17 @@ class StepResult:
 
 
 def train_step(step: int, lr: float, run: StepSettings, policy: Policy, source: RolloutSource,
-               sampler: PromptSampler, entropy_coef: EntropyCoef | None,
-               health: HealthMonitor | None = None) -> StepResult:
-    """Rollout step `step` at learning rate `lr`: collect the batch, update the policy on it, sync the engine.
+               entropy_coef: EntropyCoef | None, health: HealthMonitor | None = None) -> StepResult:
+    """Rollout step `step` at learning rate `lr`: collect the batch, update the policy on it, publish the new version
+    to the generator.
     `entropy_coef`: the entropy coefficient's state the previous step left (None: the run's first step); `health`:
-    the run's detectors (trainer.health), which check the step before the engine takes its weights."""
+    the run's detectors (trainer.health), which check the step before the generator takes its weights."""
     timings, started = Timings(), time.perf_counter()
     coef = alg.step_entropy_coef(run.algorithm.loss, entropy_coef)
-    rollouts = collect_rollouts(step, source, sampler, run.prompts_per_step, run.algorithm.dynamic_sampling,
+    rollouts = collect_rollouts(step, source, run.prompts_per_step, run.algorithm.dynamic_sampling,
                                 dist.world_size() * run.mini_batches, timings)
     policy.set_lr(lr)  # every update of this step at lr(step): the schedule counts rollout steps, not updates
-    source.engine.sleep()  # the update gets the memory the engine can release
+    source.before_update()  # the update gets the memory the generator can release
     # dynamic sampling's keep_partial may leave no group that splits over the ranks: no update this step
     metrics = update_policy(run, policy, rollouts, timings, step, coef.value) if rollouts.examples else {"lr": lr}
     if health is not None:  # an update it held is applied or skipped here
@@ -118,8 +116,7 @@ def train_step(step: int, lr: float, run: StepSettings, policy: Policy, source: 
     # mini-batch); a step without an update measured none and leaves it
     next_coef = alg.next_entropy_coef(run.algorithm.loss, coef, metrics.get("entropy/mean"))
     with timings("weight_sync"):
-        sync_engine(source.engine, policy)
-        source.after_update(step, policy)  # a generator ahead of the update gets this version
+        source.after_update(step, policy)  # the generator gets this version
     if run.algorithm.dynamic_sampling.enabled:
         metrics.update(dynamic_sampling_metrics(rollouts))
     metrics.update(drawn_metrics(rollouts))
@@ -134,14 +131,14 @@ def train_step(step: int, lr: float, run: StepSettings, policy: Policy, source: 
     return StepResult(metrics, rollouts, next_coef)
 
 
-def collect_rollouts(step: int, source: RolloutSource, sampler: PromptSampler, needed: int,
-                     sampling: DynamicSamplingConfig, parts: int, timings: Timings) -> StepRollouts:
+def collect_rollouts(step: int, source: RolloutSource, needed: int, sampling: DynamicSamplingConfig, parts: int,
+                     timings: Timings) -> StepRollouts:
     """The step's batch of `needed` (data.prompts_per_step) groups. Under DAPO dynamic sampling each of at most
     `max_gen_batches` rounds draws `prompts_per_round` prompts (verl's gen_batch_size) until enough groups are
     mixed; the first `needed` of them make the batch, and `on_exhausted` decides when too few are (keep_partial
     keeps the most that split over `parts` = ranks x mini-batches)."""
     if not sampling.enabled:
-        batch = source.draw(step, 0, needed, sampler, timings)
+        batch = source.draw(step, 0, needed, timings)
         batch.rounds, batch.generated_groups, batch.mixed_groups = 1, needed, needed
         batch.generated_tokens = sum(map(len, batch.response_ids))
         batch.drawn_correct, batch.drawn_judged = correct_counts(batch.verdicts)
@@ -149,7 +146,7 @@ def collect_rollouts(step: int, source: RolloutSource, sampler: PromptSampler, n
     drawn = alg.prompts_per_round(needed, sampling.oversample, dist.world_size())
     mixed, rest = StepRollouts(), StepRollouts()  # rest: the groups the filter dropped, in order
     for round_index in range(sampling.max_gen_batches):
-        fresh = source.draw(step, round_index, drawn, sampler, timings)
+        fresh = source.draw(step, round_index, drawn, timings)
         mixed.rounds += 1
         mixed.generated_groups += len(fresh.examples)
         mixed.generated_tokens += sum(map(len, fresh.response_ids))
@@ -322,14 +319,6 @@ class WeightedMeans:
                 sums[key] += part_sums[key]
                 weights[key] += part_weights[key]
         return {key: sums[key] / weights[key] for key in sums if weights[key] > 0}
-
-
-def sync_engine(engine: RolloutEngine, policy: Policy) -> None:
-    """After a pass that trained: the blocks torch's caching allocator kept from it handed back to the device (a
-    colocated vLLM wakes into its own pool, outside that allocator; TRL and verl empty the cache there too), then
-    the engine's weights brought to the policy's, which wakes a sleeping engine (weights, load, KV cache)."""
-    torch.cuda.empty_cache()  # does nothing until CUDA is initialised: no-op on CPU
-    engine.sync_weights(policy.engine)
 
 
 def cuda_memory_metrics(device: torch.device) -> dict[str, float]:

@@ -16,7 +16,7 @@ from weight_stream_ranks import policy_model
 from support.runs import run_ranks
 from tokenpo.models.config import ModelConfig, TinyConfig
 from tokenpo.models.loading import build_tiny_model
-from tokenpo.rollout.weight_stream import policy_weights
+from tokenpo.models.weight_stream import policy_weights
 
 TINY = ModelConfig(name="tiny", source="tiny", tiny=TinyConfig(hidden_size=32, num_layers=2, num_heads=4,
                                                                 intermediate_size=64))
@@ -42,15 +42,15 @@ def test_lora_stream_equals_peft_merge_and_unload_in_the_base_models_names(modul
                 if ".modules_to_save." in name:
                     param.add_(1.0)
     training = {name: p.detach().clone() for name, p in model.named_parameters()}
-    streamed = dict(policy_weights(model, zero3=False))
+    streamed = dict(policy_weights(model, partitioned=False))
     merged = copy.deepcopy(model).merge_and_unload()
-    expected = dict(policy_weights(merged, zero3=False))
+    expected = dict(policy_weights(merged, partitioned=False))
     # the base model's names and order: no PEFT prefix, no base_layer, no adapter matrices
     assert list(streamed) == list(expected) == [n for n, _ in build_tiny_model(TINY, 97, 0).named_parameters()] + [
         "lm_head.weight"]
     gap = max(float((streamed[n] - expected[n]).abs().max()) for n in expected)
     assert gap == 0.0, gap  # the same fp32 operations as PEFT's merge
-    base = dict(policy_weights(build_tiny_model(TINY, 97, seed=0), zero3=False))
+    base = dict(policy_weights(build_tiny_model(TINY, 97, seed=0), partitioned=False))
     moved = [n for n in expected if not torch.equal(streamed[n], base[n])]
     layer0 = "model.layers.0."
     assert {f"{layer0}self_attn.q_proj.weight", f"{layer0}mlp.down_proj.weight"} <= set(moved)
@@ -62,7 +62,7 @@ def test_lora_stream_equals_peft_merge_and_unload_in_the_base_models_names(modul
 def test_lora_stream_with_adapters_disabled_is_the_base_model():
     model = lora_model(modules_to_save=["input_layernorm"])
     with model.disable_adapter():
-        streamed = dict(policy_weights(model, zero3=False))
+        streamed = dict(policy_weights(model, partitioned=False))
     base = build_tiny_model(TINY, 97, seed=0)
     for name, weight in base.named_parameters():
         assert torch.equal(streamed[name], weight.detach()), name
@@ -72,7 +72,7 @@ def test_lora_stream_with_adapters_disabled_is_the_base_model():
 def test_zero3_stream_gives_every_rank_the_full_weights_one_module_at_a_time(tmp_path):
     """Plain and LoRA (merged per layer while its shards are gathered) policies alike."""
     run_ranks(Path(__file__).with_name("weight_stream_ranks.py"), [str(tmp_path)], nproc=2, log_dir=tmp_path)
-    expected = {kind: dict(policy_weights(policy_model(lora=kind == "lora")[1], zero3=False))
+    expected = {kind: dict(policy_weights(policy_model(lora=kind == "lora")[1], partitioned=False))
                 for kind in ("full", "lora")}
     for kind, weights in expected.items():
         assert "lm_head.weight" in weights and len(weights) > 10

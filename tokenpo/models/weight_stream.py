@@ -1,5 +1,5 @@
-"""The policy's weights as an engine with its own copy of them (vLLM) loads them: (name, tensor) pairs in the
-base model's Hugging Face names, one module at a time.
+"""The policy's weights as a generator with its own copy of them (vLLM, the generation-ahead process) loads them:
+(name, tensor) pairs in the base model's Hugging Face names, one module at a time (what `Policy.publish` hands out).
 
 Where PEFT wrapped a module (adapted layers, `modules_to_save`), tokenpo.models.lora says what stands for it: an
 adapted layer's W + scale·B·A, computed while that layer is handed over into a new tensor (the training weights are
@@ -23,10 +23,10 @@ class Gathered:
     """How a module's parameters are read in full: under ZeRO-3 gathered from every rank's shard (a collective: every
     rank walks the same modules) for the length of a `with`, and released on exit."""
 
-    zero3: bool
+    partitioned: bool  # ZeRO-3: each rank holds a shard of every parameter
 
     def __call__(self, params: list[torch.Tensor]) -> contextlib.AbstractContextManager:
-        if not self.zero3:
+        if not self.partitioned:
             return contextlib.nullcontext()
         import deepspeed
 
@@ -34,7 +34,7 @@ class Gathered:
 
     def owned(self, tensor: torch.Tensor) -> torch.Tensor:
         # the gathered storage is released when the context exits, and a reload may still hold the tensor
-        return tensor.clone() if self.zero3 else tensor
+        return tensor.clone() if self.partitioned else tensor
 
 
 def _walk(module: torch.nn.Module, prefix: str, gathered: Gathered) -> Iterator[tuple[str, torch.Tensor]]:
@@ -59,10 +59,10 @@ def _walk(module: torch.nn.Module, prefix: str, gathered: Gathered) -> Iterator[
             yield from owned
 
 
-def policy_weights(module: torch.nn.Module, zero3: bool) -> Iterator[tuple[str, torch.Tensor]]:
+def policy_weights(module: torch.nn.Module, partitioned: bool) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of every weight the engine's model has, one module at a time, in the base model's names.
 
     Under ZeRO-3 a module's shards are gathered only while that module is handed over (an adapted layer: its base
     weight and adapter matrices together), never the whole model at once.
     """
-    yield from _walk(base_model(module), "", Gathered(zero3))
+    yield from _walk(base_model(module), "", Gathered(partitioned))

@@ -1,6 +1,6 @@
 """One rank of test_weight_stream: a ZeRO-3 policy's weights streamed as the vllm engine's sync reads them.
 
-    python tests/rollout/weight_stream_ranks.py <out dir>   (as every rank of a process group; see run_ranks)
+    python tests/models/weight_stream_ranks.py <out dir>   (as every rank of a process group; see run_ranks)
 
 Writes `<out>/rank<r>.pt`: {"full" | "lora": {"weights": {name: tensor}, "gathered_elsewhere": [names of
 parameters of other modules that were gathered while a module's weights were handed over]}} for the plain tiny
@@ -18,7 +18,7 @@ from support.config import SMALL, compose_config
 from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import build_policy_engine
 from tokenpo.models.loading import load_model
-from tokenpo.rollout.weight_stream import policy_weights
+from tokenpo.models.weight_stream import policy_weights
 from tokenpo.trainer.optim import build_optimizer
 
 
@@ -45,7 +45,7 @@ def stream(lora: bool) -> dict:
     policy = build_policy_engine(model, build_optimizer(model, cfg.trainer), cfg.deepspeed, micro_batch_size=4,
                                  max_grad_norm=1.0, world_size=dist.world_size())
     weights, gathered_elsewhere = {}, []
-    for name, tensor in policy_weights(policy.module, zero3=True):
+    for name, tensor in policy_weights(policy.module, partitioned=True):
         module_prefix = name.rpartition(".")[0] + "."
         # a parameter is gathered iff its full data is present (ZeRO-3 leaves an empty tensor otherwise); a LoRA
         # layer's base weight and factors are its own (PEFT names: base_model.model.<module>.base_layer.weight, ...)
