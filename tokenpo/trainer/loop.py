@@ -116,7 +116,7 @@ def train(cfg: TrainConfig, identity: RunIdentity) -> dict:
             last = step == trainer.max_steps
             evaluated = bool(benchmarks) and (last or bool(cfg.eval.every_steps and step % cfg.eval.every_steps == 0))
             if samples_due(cfg.logger, step) or evaluated:
-                logger.log_samples(step, "rollouts", rollout_rows(step, result.rollouts, run.reward,
+                logger.log_samples(step, "rollouts", rollout_rows(step, result.rollouts, result.rewards, run.reward,
                                                                   cfg.logger.samples_rows))
             if evaluated:
                 eval_metrics = evaluate_at(step, AFTER if last else None)
