@@ -35,7 +35,7 @@ from tokenpo.evaluation.run import EvalTask, TextSampler, evaluate
 from tokenpo.rewards import CORRECT, WRONG, answer_spec
 from tokenpo.rollout.engine import SamplingParams, build_generator
 from tokenpo.trainer.policy import Policy
-from tokenpo.trainer.rollouts import StepRollouts
+from tokenpo.trainer.rollouts import StepRollouts, rollout_batch
 from tokenpo.trainer.step import StepSettings, update_policy
 from tokenpo.trainer.timings import Timings
 from tokenpo.trainer.worst_case import run_worst_case
@@ -64,8 +64,7 @@ def uneven_rollouts(vocab_size: int, seed: int) -> StepRollouts:
     verdicts = [CORRECT if row % 2 else WRONG for row in range(len(responses))]
     return StepRollouts(examples=[Example(f"parity-{i}", f"problem {i}", str(i)) for i in range(GROUPS)],
                         prompt_ids=prompts, response_ids=responses, response_text=[""] * len(responses),
-                        truncated=[len(r) == MAX_NEW for r in responses], verdicts=verdicts, rounds=1,
-                        generated_groups=GROUPS, mixed_groups=GROUPS)
+                        truncated=[len(r) == MAX_NEW for r in responses], verdicts=verdicts)
 
 
 class Wrong:
@@ -92,7 +91,7 @@ def run_case(case: dict, out: Path) -> None:
             run_worst_case(cfg, run, policy, rollouts.prompt_ids)
         for step in range(1, case.get("steps", 1) + 1):
             with log.pass_("update" if step == 1 else f"update {step}"):
-                update_policy(run, policy, rollouts, Timings(), step=step)
+                update_policy(run, policy, rollout_batch(rollouts, run.reward), Timings(), step=step)
         with log.pass_("evaluation"):
             examples = [Example(f"eval-{i}", f"What is {i} + 1?", str(i + 1)) for i in range(3)]
             task = EvalTask(cfg.eval, examples, [tokenizer.encode(ex.problem) for ex in examples],

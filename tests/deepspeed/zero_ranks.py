@@ -25,6 +25,7 @@ from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG
 from tokenpo.rollout.engine import SamplingParams, build_generator
 from tokenpo.trainer.optim import build_optimizer
 from tokenpo.trainer.policy import Policy, PolicySettings
+from tokenpo.trainer.rollouts import rollout_batch
 from tokenpo.trainer.step import StepSettings, update_policy
 from tokenpo.trainer.timings import Timings
 
@@ -65,8 +66,9 @@ def sample(cfg, policy: Policy, tokenizer) -> list[list[int]]:
 
 def fixed_update(cfg, policy: Policy, tokenizer) -> dict[str, float]:
     """The metrics of the step's update on the fixed rollout batch."""
-    rollouts = fixed_rollouts(len(tokenizer), VERDICTS, MAX_NEW, ROLLOUT_SEED)
-    return update_policy(StepSettings.from_config(cfg, tokenizer.pad_token_id), policy, rollouts, Timings())
+    run = StepSettings.from_config(cfg, tokenizer.pad_token_id)
+    rollouts = rollout_batch(fixed_rollouts(len(tokenizer), VERDICTS, MAX_NEW, ROLLOUT_SEED), run.reward)
+    return update_policy(run, policy, rollouts, Timings()).metrics
 
 
 def is_sharded(module) -> bool:

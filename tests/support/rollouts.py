@@ -10,10 +10,10 @@ import torch
 
 from tokenpo.algorithms.config import DynamicSamplingConfig
 from tokenpo.data import Example, PromptSampler
-from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG, Judged, Question
+from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG, Judged, Question, RewardConfig, resolve
 from tokenpo.rollout.engine import Responses, SamplingParams
 from tokenpo.rollout.generator import AnsweredNow
-from tokenpo.trainer.rollouts import StepRollouts
+from tokenpo.trainer.batch import RolloutBatch
 from tokenpo.trainer.source import Prompts, RolloutSource, Schedule
 from tokenpo.trainer.step import collect_rollouts
 from tokenpo.trainer.timings import Timings
@@ -76,12 +76,12 @@ class Scripted:
     def make_engine(self) -> ScriptedEngine:
         return ScriptedEngine()
 
-    def collect(self, step: int) -> StepRollouts:
+    def collect(self, step: int) -> RolloutBatch:
         # one process: keep_partial splits the batch over the mini-batches alone; the engine holds the version step
         # `step` samples with
         self.engine.load(SimpleNamespace(version=step - 1))
-        return collect_rollouts(step, self.source, self.prompts_per_step, self.sampling, parts=self.mini_batches,
-                                timings=Timings())
+        return collect_rollouts(step, self.source, self.prompts_per_step, self.sampling, resolve(RewardConfig(), {}),
+                                parts=self.mini_batches, timings=Timings())
 
     def uids(self, positions: list[int]) -> list[str]:
         return [self.draw_order[i] for i in positions]

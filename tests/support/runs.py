@@ -56,8 +56,9 @@ def wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: flo
 
 
 def fixed_rollouts(vocab_size: int, verdicts: list[list], max_new: int, seed: int) -> StepRollouts:
-    """A step's batch that depends on nothing but `seed`: one group per row of `verdicts` (its responses' verdicts),
-    random prompts and responses of varied lengths (1 to `max_new` tokens)."""
+    """A step's rollouts that depend on nothing but `seed` (tokenpo.trainer.rollouts.rollout_batch makes the batch of
+    them): one group per row of `verdicts` (its responses' verdicts), random prompts and responses of varied lengths
+    (1 to `max_new` tokens)."""
     gen = torch.Generator().manual_seed(seed)
 
     def tokens(low: int, high: int) -> list[int]:
@@ -70,8 +71,7 @@ def fixed_rollouts(vocab_size: int, verdicts: list[list], max_new: int, seed: in
     return StepRollouts(
         examples=[Example(uid=f"fixed-{i}", problem=f"problem {i}", answer=str(i)) for i in range(groups)],
         prompt_ids=prompts, response_ids=responses, response_text=[""] * len(responses),
-        truncated=[len(r) == max_new for r in responses], verdicts=[v for group in verdicts for v in group],
-        rounds=1, generated_groups=groups, mixed_groups=groups)
+        truncated=[len(r) == max_new for r in responses], verdicts=[v for group in verdicts for v in group])
 
 
 def skewed_rollouts(vocab_size: int, verdicts: list[list], max_new: int, seed: int) -> StepRollouts:

@@ -16,6 +16,7 @@ from tokenpo.plan.memory import with_values
 from tokenpo.rewards import CORRECT, WRONG
 from tokenpo.trainer import worst_case
 from tokenpo.trainer.batch import MicroBatch, group_micro_batches
+from tokenpo.trainer.rollouts import rollout_batch
 from tokenpo.trainer.policy import Policy, PolicySettings
 from tokenpo.trainer.step import StepSettings, update_policy
 from tokenpo.trainer.timings import Timings
@@ -118,10 +119,10 @@ def one_update(monkeypatch, setup, micro_batch_size: int, rollouts=None, **train
                       **{f"trainer__{key}": value for key, value in trainer.items()})
     engine = RecordingEngine(copy.deepcopy(model))
     with_grad, without = recorded_rows(monkeypatch)
-    rollouts = rollouts or fixed_rollouts(len(tokenizer), VERDICTS, MAX_NEW, 4321)
-    metrics = update_policy(StepSettings.from_config(cfg, tokenizer.pad_token_id),
-                            recording_policy(cfg, engine, reference), copy.deepcopy(rollouts), Timings())
-    return engine.gradients, with_grad, without, metrics
+    run = StepSettings.from_config(cfg, tokenizer.pad_token_id)
+    batch = rollout_batch(rollouts or fixed_rollouts(len(tokenizer), VERDICTS, MAX_NEW, 4321), run.reward)
+    update = update_policy(run, recording_policy(cfg, engine, reference), batch, Timings())
+    return engine.gradients, with_grad, without, update.metrics
 
 
 def assert_same_gradients(gradients, whole, label: str, atol: float = ATOL, rtol: float = RTOL) -> None:

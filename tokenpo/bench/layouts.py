@@ -89,7 +89,8 @@ def worker(args) -> dict:
     from tokenpo.plan.cli import compose_train_config
     from tokenpo.rewards import CORRECT, WRONG
     from tokenpo.trainer.policy import Policy
-    from tokenpo.trainer.rollouts import StepRollouts
+    from tokenpo.trainer.batch import RolloutBatch
+    from tokenpo.trainer.rollouts import StepRollouts, rollout_batch
     from tokenpo.trainer.step import StepSettings, update_policy
     from tokenpo.trainer.timings import Timings
 
@@ -101,19 +102,21 @@ def worker(args) -> dict:
     batch = json.loads(args.batch.read_text())
     rows = len(batch["response_ids"])
 
-    def rollouts(cut: int | None = None) -> StepRollouts:  # half right in every group: every row has an advantage
-        responses = [r[:cut] for r in batch["response_ids"]]
-        return StepRollouts(examples=[Example(f"q{i}", "", "") for i in range(len(batch["prompt_ids"]))],
-                            prompt_ids=batch["prompt_ids"], response_ids=responses, response_text=[""] * rows,
-                            truncated=[len(r) == args.max_new_tokens for r in responses],
-                            verdicts=[CORRECT if i % 2 else WRONG for i in range(rows)])
-
     run = StepSettings.from_config(cfg, tokenizer.pad_token_id)
+
+    def rollouts(cut: int | None = None) -> RolloutBatch:  # half right in every group: every row has an advantage
+        responses = [r[:cut] for r in batch["response_ids"]]
+        return rollout_batch(StepRollouts(
+            examples=[Example(f"q{i}", "", "") for i in range(len(batch["prompt_ids"]))],
+            prompt_ids=batch["prompt_ids"], response_ids=responses, response_text=[""] * rows,
+            truncated=[len(r) == args.max_new_tokens for r in responses],
+            verdicts=[CORRECT if i % 2 else WRONG for i in range(rows)]), run.reward)
+
     update_policy(run, policy, rollouts(cut=4), Timings())  # warm-up (short rows): DeepSpeed's first-step work
     reset_peak_rss()
     timings = Timings()
     start = time.perf_counter()
-    metrics = update_policy(run, policy, rollouts(), timings)
+    metrics = update_policy(run, policy, rollouts(), timings).metrics
     seconds = time.perf_counter() - start
     return {"layout": args.layout, "checkpointing": args.checkpointing, "update_policy_s": seconds,
             "phases_s": timings.seconds, "peak_rss_bytes": peak_rss_bytes(),

@@ -57,11 +57,11 @@ def instrumented_trainer(per_step: list[dict], shape: dict):
 
     def update_policy(run, trained, rollouts, *rest):
         totals.update(backward=0.0, optimizer=0.0)
-        metrics = update(run, trained, rollouts, *rest)
+        result = update(run, trained, rollouts, *rest)
         per_step.append({**totals, "step_cpu_s": time.process_time() - cpu_start["step"],
-                         "completion_tokens": sum(len(r) for r in rollouts.response_ids),
-                         "prompt_tokens": sum(len(p) for p in rollouts.prompt_ids)})
-        return metrics
+                         "completion_tokens": int(rollouts.lengths.sum()),
+                         "prompt_tokens": int(rollouts.prompt_lengths.sum())})
+        return result
 
     patched = {(policy, "build_policy_engine"): build_policy_engine, (step, "collect_rollouts"): collect_rollouts,
                (step, "update_policy"): update_policy}

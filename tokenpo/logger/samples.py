@@ -26,19 +26,19 @@ def spread(rows_by_item: Iterable[list[dict]], limit: int) -> list[dict]:
     return picked
 
 
-def rollout_rows(step: int, rollouts, reward_cfg, limit: int) -> list[dict]:
-    """Up to `limit` of the step's rollouts (a StepRollouts): the problem, the response, its reward (as the update
-    saw it: shaped, format bonus included; None when the step made no update), verdict, extracted answer, length
-    in tokens and whether it hit max_new_tokens."""
+def rollout_rows(step: int, rollouts, rewards: list[float] | None, reward_cfg, limit: int) -> list[dict]:
+    """Up to `limit` of the step's rollouts (a tokenpo.trainer.batch.RolloutBatch): the problem, the response, its
+    reward (`rewards`, as the update saw it: shaped, format bonus included; None when the step made no update),
+    verdict, extracted answer, length in tokens and whether it hit max_new_tokens."""
     g = rollouts.group_size
-    rewards = rollouts.rewards or [None] * len(rollouts.response_text)
+    rewards = rewards or [None] * len(rollouts.response_text)
 
     def row(i: int) -> dict:
         text = rollouts.response_text[i]
         answer = extract_answer(text, reward_cfg.answer_pattern, reward_cfg.fallback, reward_cfg.reasoning_tag)
         return {"step": step, "prompt": rollouts.examples[i // g].problem, "response": text, "reward": rewards[i],
-                "verdict": rollouts.verdicts[i], "answer": answer, "length": len(rollouts.response_ids[i]),
-                "truncated": rollouts.truncated[i]}
+                "verdict": rollouts.verdicts[i], "answer": answer, "length": int(rollouts.lengths[i]),
+                "truncated": bool(rollouts.truncated[i])}
 
     return spread(([row(i) for i in range(k * g, (k + 1) * g)] for k in range(len(rollouts.examples))), limit)
 

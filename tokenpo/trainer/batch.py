@@ -1,6 +1,7 @@
-"""How a step's rows become forward/backward passes: which rank trains which groups, how each rank's rows split into
-micro-batches (by sequence count or by a token budget), and the tensors of one micro-batch (left-padded prompts, one
-per group it holds, and right-padded responses).
+"""The step's batch as the update reads it (`RolloutBatch`, tensors built once after scoring), and how its rows become
+forward/backward passes: which rank trains which groups, how each rank's rows split into micro-batches (by sequence
+count or by a token budget), and the tensors of one micro-batch (left-padded prompts, one per group it holds, and
+right-padded responses).
 
 Every rank knows the whole step batch, so every rank computes the same plan without communicating. Under ZeRO-3 each
 forward gathers parameters with collectives, so every rank runs the same number of passes: the plan gives each rank
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenpo.data import Example
 from tokenpo.models.logprobs import left_pad
 
 
@@ -215,3 +217,65 @@ def pad_to(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     for i, row in enumerate(rows):
         out[i, : row.numel()] = row
     return out
+
+
+@dataclass(frozen=True)
+class SamplingCounts:
+    """How the step's batch was collected, over every dynamic-sampling round (logged as dynamic_sampling/*,
+    accuracy/drawn and tokens/generated)."""
+
+    rounds: int = 0
+    generated_groups: int = 0  # groups generated over all rounds
+    generated_tokens: int = 0  # response tokens generated over all rounds, kept or filtered out (all ranks)
+    mixed_groups: int = 0  # generated groups that passed the filter (all of them without dynamic sampling)
+    drawn_correct: int = 0  # responses generated over all rounds, kept or filtered out, judged correct
+    drawn_judged: int = 0  # of those responses, the ones whose gold answer parses
+    filled_groups: int = 0  # all-equal groups added to reach prompts_per_step (on_exhausted: fill)
+    dropped_groups: int = 0  # mixed groups left out: beyond prompts_per_step, or the uneven rest (keep_partial)
+    exhausted: bool = False  # max_gen_batches rounds found fewer mixed groups than prompts_per_step
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """The step's batch, built once after scoring and gathering (tokenpo.trainer.rollouts.rollout_batch), the same on
+    every rank and never written to. N responses, group-major (`group_size` rows per group); T the longest response
+    (at least 1), P the longest prompt."""
+
+    examples: list[Example]  # one per group
+    group_size: int
+    prompt_ids: torch.Tensor  # [groups, P] long, right-aligned (left-padded with 0), as the sampler lays them out
+    prompt_lengths: torch.Tensor  # [groups] long
+    response_ids: torch.Tensor  # [N, T] long, right-padded with 0
+    lengths: torch.Tensor  # [N] long: response tokens
+    group_ids: torch.Tensor  # [N] long: the group of each response
+    correct: torch.Tensor  # [N] bool: the answer matches the gold one
+    valid: torch.Tensor  # [N] bool: in the loss (its gold parses, or a reward function could judge it)
+    score: torch.Tensor | None  # [N] float: reward.functions' weighted sum; None: the verdicts alone are the reward
+    truncated: torch.Tensor  # [N] bool: stopped by max_new_tokens
+    in_format: torch.Tensor  # [N] float: 1 where the answer is given in the asked-for form
+    # [N, T] float, 0 on padding: the rollout engine's log-probs of the sampled tokens; None where it returns none
+    sampler_logprobs: torch.Tensor | None
+    verdicts: list[str]  # [N] the scorer's verdicts (metrics and the samples table)
+    response_text: list[str]  # [N] (the samples table)
+    counts: SamplingCounts
+
+    def plan(self, split: BatchSplit, mini_batches: int, world: int) -> UpdatePlan:
+        """Which rank trains which rows in which micro-batches (`update_plan`)."""
+        return update_plan(split, self.prompt_lengths.tolist(), self.lengths.tolist(), mini_batches, world)
+
+    def tokens(self, micro: MicroBatch, pad_id: int, device: torch.device) -> GroupTokens:
+        """One micro-batch's tensors: each of its prompts once (left-padded), its rows' responses (right-padded), as
+        `pad_groups` lays them out."""
+        groups, rows = torch.tensor(micro.groups, dtype=torch.long), torch.tensor(micro.rows, dtype=torch.long)
+        prompt_lengths = self.prompt_lengths[groups].unsqueeze(1)
+        prompt_width = int(prompt_lengths.max())
+        prompt_mask = (torch.arange(prompt_width) >= prompt_width - prompt_lengths).long()  # [prompts, P']
+        prompt_ids = self.prompt_ids[groups, self.prompt_ids.shape[1] - prompt_width:].masked_fill(prompt_mask == 0,
+                                                                                                  pad_id)
+        lengths = self.lengths[rows].unsqueeze(1)
+        width = max(1, int(lengths.max()))
+        response_mask = (torch.arange(width) < lengths).float()  # [rows, T']
+        response_ids = self.response_ids[rows, :width].masked_fill(response_mask == 0, pad_id)
+        index = torch.tensor(micro.prompt_index(self.group_size), dtype=torch.long)
+        return GroupTokens(prompt_ids.to(device), prompt_mask.to(device), response_ids.to(device),
+                           response_mask.to(device), index.to(device))

@@ -161,8 +161,8 @@ class Loop:
         every = self.cfg.eval.every_steps
         evaluated = self.evaluate is not None and (last or bool(every and step % every == 0))
         if samples_due(self.cfg.logger, step) or evaluated:
-            self.logger.log_samples(step, "rollouts", rollout_rows(step, result.rollouts, self.run.reward,
-                                                                   self.cfg.logger.samples_rows))
+            self.logger.log_samples(step, "rollouts", rollout_rows(step, result.rollouts, result.rewards,
+                                                                   self.run.reward, self.cfg.logger.samples_rows))
         if evaluated:
             eval_metrics = self.evaluate(step, point=AFTER if last else None)
             metrics.update(eval_metrics)

@@ -19,8 +19,8 @@ def response_scores(verdicts: list[str], scores: list[float | None]) -> tuple[to
             torch.tensor([0.0 if s is None else s for s in scores], dtype=torch.float32))
 
 
-def drawn_metrics(rollouts) -> dict[str, float]:
+def drawn_metrics(counts) -> dict[str, float]:
     """`accuracy/drawn`: the fraction of every response the step generated (all dynamic-sampling rounds, kept or
     filtered out) judged correct, of those whose gold parses: the unshaped correctness, comparable across algorithms
     (`accuracy` and `reward/mean` are the trained batch's, after dynamic sampling's filter and the shaping)."""
-    return {"accuracy/drawn": rollouts.drawn_correct / rollouts.drawn_judged if rollouts.drawn_judged else 0.0}
+    return {"accuracy/drawn": counts.drawn_correct / counts.drawn_judged if counts.drawn_judged else 0.0}

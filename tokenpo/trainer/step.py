@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,15 +24,15 @@ from tokenpo.algorithms.entropy_control import EntropyCoef
 from tokenpo.config import TrainConfig
 from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
-from tokenpo.rewards import CORRECT, RewardConfig, correct_counts
+from tokenpo.rewards import RewardConfig
 from tokenpo.models.logprobs import PassTokens
-from tokenpo.trainer.batch import BatchSplit, MicroBatch, UpdatePlan, pad_to
+from tokenpo.trainer.batch import BatchSplit, MicroBatch, RolloutBatch, SamplingCounts, UpdatePlan, pad_to
 from tokenpo.trainer.health import HealthMonitor
 from tokenpo.trainer.policy import Policy
-from tokenpo.trainer.scores import drawn_metrics, response_scores
+from tokenpo.trainer.scores import drawn_metrics
 from tokenpo.trainer.source import RolloutSource
-from tokenpo.trainer.rollouts import (StepRollouts, dynamic_sampling_metrics, fill_batch,
-                                      format_rewards, mixed_group_ids, rollout_metrics)
+from tokenpo.trainer.rollouts import (StepRollouts, counted, dynamic_sampling_metrics, fill_batch, mixed_group_ids,
+                                      rollout_batch, rollout_metrics)
 from tokenpo.trainer.timings import Timings
 
 
@@ -82,17 +82,27 @@ class StepSettings:
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one step produced: its metrics (update, rollouts, dynamic sampling, timing), its batch, and the entropy
-    coefficient's state the next step starts from."""
+    """What one step produced: its metrics (update, rollouts, dynamic sampling, timing), its batch and the shaped
+    rewards the update gave it, and the entropy coefficient's state the next step starts from."""
 
     metrics: dict[str, float]
-    rollouts: StepRollouts  # the step's batch, with each sequence's shaped reward (the samples table reads it)
+    rollouts: RolloutBatch  # the step's batch (the samples table reads it)
+    rewards: list[float] | None  # each sequence's shaped reward (None: no update this step)
     entropy_coef: EntropyCoef  # for the next step (adaptive entropy control's c and gate; the run state keeps it)
 
     @property
     def generated_tokens(self) -> int:
         """Response tokens generated in the step, every dynamic-sampling round's included."""
-        return self.rollouts.generated_tokens
+        return self.rollouts.counts.generated_tokens
+
+
+@dataclass(frozen=True)
+class PolicyUpdate:
+    """What `update_policy` produced: the step's update and rollout metrics (the same on every rank), and each
+    sequence's shaped reward, format bonus included (for the samples table)."""
+
+    metrics: dict[str, float]
+    rewards: list[float]
 
 
 def train_step(step: int, lr: float, run: StepSettings, policy: Policy, source: RolloutSource,
@@ -103,12 +113,13 @@ def train_step(step: int, lr: float, run: StepSettings, policy: Policy, source: 
     the run's detectors (trainer.health), which check the step before the generator takes its weights."""
     timings, started = Timings(), time.perf_counter()
     coef = alg.step_entropy_coef(run.algorithm.loss, entropy_coef)
-    rollouts = collect_rollouts(step, source, run.prompts_per_step, run.algorithm.dynamic_sampling,
+    rollouts = collect_rollouts(step, source, run.prompts_per_step, run.algorithm.dynamic_sampling, run.reward,
                                 dist.world_size() * run.mini_batches, timings)
     policy.set_lr(lr)  # every update of this step at lr(step): the schedule counts rollout steps, not updates
     source.before_update()  # the update gets the memory the generator can release
     # dynamic sampling's keep_partial may leave no group that splits over the ranks: no update this step
-    metrics = update_policy(run, policy, rollouts, timings, step, coef.value) if rollouts.examples else {"lr": lr}
+    update = update_policy(run, policy, rollouts, timings, step, coef.value) if rollouts.examples else None
+    metrics = update.metrics if update is not None else {"lr": lr}
     if health is not None:  # an update it held is applied or skipped here
         metrics.update(health.check(step, metrics, policy.grad_norm))
     metrics["entropy/coef"] = coef.value
@@ -119,39 +130,32 @@ def train_step(step: int, lr: float, run: StepSettings, policy: Policy, source: 
         source.after_update(step, policy)  # the generator gets this version
     if run.algorithm.dynamic_sampling.enabled:
         metrics.update(dynamic_sampling_metrics(rollouts))
-    metrics.update(drawn_metrics(rollouts))
+    metrics.update(drawn_metrics(rollouts.counts))
     metrics.update(source.take_metrics())
     step_s = time.perf_counter() - started
     metrics.update({f"timing/{phase}_s": seconds for phase, seconds in timings.seconds.items()})
     metrics["timing/step_s"] = step_s
     metrics.update(cuda_memory_metrics(policy.device))
-    metrics["throughput/tokens_per_s"] = sum(len(r) for r in rollouts.response_ids) / step_s
+    metrics["throughput/tokens_per_s"] = int(rollouts.lengths.sum()) / step_s
     # the equal-compute axis of tokenpo.compare: every dynamic-sampling round counts, kept or filtered out
-    metrics["tokens/generated"] = float(rollouts.generated_tokens)
-    return StepResult(metrics, rollouts, next_coef)
+    metrics["tokens/generated"] = float(rollouts.counts.generated_tokens)
+    return StepResult(metrics, rollouts, update.rewards if update is not None else None, next_coef)
 
 
-def collect_rollouts(step: int, source: RolloutSource, needed: int, sampling: DynamicSamplingConfig, parts: int,
-                     timings: Timings) -> StepRollouts:
-    """The step's batch of `needed` (data.prompts_per_step) groups. Under DAPO dynamic sampling each of at most
-    `max_gen_batches` rounds draws `prompts_per_round` prompts (verl's gen_batch_size) until enough groups are
-    mixed; the first `needed` of them make the batch, and `on_exhausted` decides when too few are (keep_partial
-    keeps the most that split over `parts` = ranks x mini-batches)."""
+def collect_rollouts(step: int, source: RolloutSource, needed: int, sampling: DynamicSamplingConfig,
+                     reward: RewardConfig, parts: int, timings: Timings) -> RolloutBatch:
+    """The step's batch of `needed` (data.prompts_per_step) groups, its format flags judged under `reward`. Under
+    DAPO dynamic sampling each of at most `max_gen_batches` rounds draws `prompts_per_round` prompts (verl's
+    gen_batch_size) until enough groups are mixed; the first `needed` of them make the batch, and `on_exhausted`
+    decides when too few are (keep_partial keeps the most that split over `parts` = ranks x mini-batches)."""
     if not sampling.enabled:
-        batch = source.draw(step, 0, needed, timings)
-        batch.rounds, batch.generated_groups, batch.mixed_groups = 1, needed, needed
-        batch.generated_tokens = sum(map(len, batch.response_ids))
-        batch.drawn_correct, batch.drawn_judged = correct_counts(batch.verdicts)
-        return batch
+        return rollout_batch(source.draw(step, 0, needed, timings), reward)
     drawn = alg.prompts_per_round(needed, sampling.oversample, dist.world_size())
     mixed, rest = StepRollouts(), StepRollouts()  # rest: the groups the filter dropped, in order
+    counts = SamplingCounts()
     for round_index in range(sampling.max_gen_batches):
         fresh = source.draw(step, round_index, drawn, timings)
-        mixed.rounds += 1
-        mixed.generated_groups += len(fresh.examples)
-        mixed.generated_tokens += sum(map(len, fresh.response_ids))
-        correct, judged = correct_counts(fresh.verdicts)
-        mixed.drawn_correct, mixed.drawn_judged = mixed.drawn_correct + correct, mixed.drawn_judged + judged
+        counts = counted(counts, fresh)
         keep = set(mixed_group_ids(fresh))
         for i in range(len(fresh.examples)):
             (mixed if i in keep else rest).extend(fresh.group(i))
@@ -163,102 +167,64 @@ def collect_rollouts(step: int, source: RolloutSource, needed: int, sampling: Dy
             f"algorithm.dynamic_sampling: step {step} found {found} mixed groups of the {needed} data.prompts_per_step "
             f"asks for in max_gen_batches={sampling.max_gen_batches} rounds of {drawn} prompts; raise "
             f"algorithm.dynamic_sampling.max_gen_batches or .oversample, or set .on_exhausted=fill or keep_partial")
-    return fill_batch(mixed, rest, needed, sampling.on_exhausted, parts)
+    return fill_batch(mixed, rest, counts, needed, sampling.on_exhausted, parts, reward)
 
 
-def update_policy(run: StepSettings, policy: Policy, rollouts: StepRollouts, timings: Timings,
-                  step: int = 0, entropy_coef: float | None = None) -> dict[str, float]:
+def update_policy(run: StepSettings, policy: Policy, rollouts: RolloutBatch, timings: Timings,
+                  step: int = 0, entropy_coef: float | None = None) -> PolicyUpdate:
     """Advantages on the whole batch, then `run.mini_batches` optimizer updates, each rank on its share of the rows
-    (`StepRollouts.plan`); the step's update and rollout metrics (the same on every rank). `step` seeds a token
-    selection's random draws; `entropy_coef`: the entropy bonus's coefficient this step (None:
+    (`RolloutBatch.plan`); the step's update and rollout metrics (the same on every rank) and shaped rewards. `step`
+    seeds a token selection's random draws; `entropy_coef`: the entropy bonus's coefficient this step (None:
     algorithm.loss.entropy_coef)."""
-    g = rollouts.group_size
-    plan = rollouts.plan(run.split(g), run.mini_batches, dist.world_size())
+    plan = rollouts.plan(run.split(rollouts.group_size), run.mini_batches, dist.world_size())
     mine = plan.of_rank(dist.rank())  # [mini-batch] -> this rank's micro-batches
-
-    # the no-grad passes the algorithm asks for, on this rank's rows in the update's micro-batches: {row: [n_row]}
-    old_logp = old_entropy = ref_logp = None
-    if run.needs_old_logprobs:
-        with timings("old_logprob"):
-            old_logp, old_entropy = row_logprobs(run, policy, rollouts, mine, reference=False)
-    if run.behaviour_is_old:  # plain PPO on stale data: the sampler's log-probs as the old policy's
-        old_logp = {i: torch.tensor(rollouts.sampler_logprobs[i]) for micro in (m for per in mine for m in per)
-                    for i in micro.rows}
-    if alg.needs_reference(run.algorithm):
-        with timings("reference"):
-            ref_logp, _ = row_logprobs(run, policy, rollouts, mine, reference=True)
-
-    # the algorithm's view of the global batch: [N] per sequence, [N, T] per token
-    lengths = torch.tensor([len(r) for r in rollouts.response_ids], dtype=torch.long)
-    width = max(1, int(lengths.max()))  # T
-    valid, score = response_scores(rollouts.verdicts, rollouts.scores)
-    batch = alg.StepBatch(
-        correct=torch.tensor([v == CORRECT for v in rollouts.verdicts]),
-        valid=valid,
-        truncated=torch.tensor(rollouts.truncated),
-        in_format=format_rewards(rollouts, run.reward),
-        lengths=lengths,
-        group_ids=torch.arange(len(lengths)) // g,
-        mask=alg.response_mask(lengths),  # [N, T]
-        max_new_tokens=run.max_new_tokens,
-        mini_batches=run.mini_batches,
-        format_weight=run.reward.format_weight,
-        # [N, T], every rank's rows: the entropy-weighted estimators normalise over the whole batch
-        old_entropy=None if old_entropy is None else gather_rows(old_entropy, len(lengths), width),
-        entropy_coef=entropy_coef,
-        # [N, T], every rank's rows: a step-wide token selection ranks the tokens of the whole batch
-        old_logp=gather_rows(old_logp, len(lengths), width) if alg.needs_step_logprobs(run.algorithm) else None,
-        seed=run.seed,
-        step=step,
-        score=score,
-    )
+    passes = no_grad_passes(run, policy, rollouts, mine, timings)
+    batch = step_batch(run, rollouts, passes, step, entropy_coef)
     # shaped rewards [N], advantages [N, T], loss masks and normalisers, the algorithm's metrics
     prepared = alg.prepare_step(run.algorithm, batch)
-    rollouts.rewards = prepared.rewards.tolist()  # for the samples table (tokenpo.logger.samples)
     metrics = dict(prepared.metrics)
-
-    # the updates: mini-batch k trains groups [k * n, (k + 1) * n), n = groups / mini_batches, in micro-batches
-    means, loss_total, fed = WeightedMeans(), 0.0, PassTokens()
     with timings("update"):
-        for mini_batch, micro_batches in enumerate(mine):
-            for micro in micro_batches:
-                rows = micro.rows  # [b] indices into N
-                tokens = rollouts.tokens(micro, run.pad_token_id, policy.device)
-                out = policy.logprobs(tokens, grad=True, with_entropy=True,
-                                      entropy_grad=alg.needs_entropy_grad(run.algorithm), fed=fed)  # [b, t] each
-                cols = out.logp.shape[1]
-
-                def padded(per_row: dict[int, torch.Tensor]) -> torch.Tensor:  # the rows' [b, t]
-                    return pad_to([per_row[i] for i in rows], cols).to(policy.device)
-
-                loss, loss_metrics = alg.micro_batch_loss(
-                    run.algorithm, prepared, rows, mini_batch, out.logp, out.entropy,
-                    old_logp=padded(old_logp) if old_logp is not None else None,
-                    ref_logp=padded(ref_logp) if ref_logp is not None else None,
-                    # none when the sampler's log-probs are the old policy's: no behaviour term, nothing to compare
-                    sampler_logp=(padded({i: torch.tensor(rollouts.sampler_logprobs[i]) for i in rows})
-                                  if rollouts.sampler_logprobs and not run.behaviour_is_old else None))
-                policy.backward(loss)  # this rank's share of the global mean
-                loss_total += float(loss.detach())
-                real, entropy = tokens.response_mask, out.entropy.detach()  # [b, t]
-                means.add(loss_metrics, float(prepared.loss_mask[rows, :cols].sum()))
-                means.add({"entropy/mean": float((entropy * real).sum() / real.sum().clamp(min=1))}, float(real.sum()))
-                means.add(alg.entropy_by_polarity(entropy, real, batch.correct[rows].to(policy.device)),
-                          float(real.sum()))
-            policy.step()
-    metrics.update(means.reduce())
+        totals = train_passes(run, policy, rollouts, mine, passes, prepared)
+    metrics.update(totals.means.reduce())
     metrics.update(rollout_metrics(rollouts, batch, prepared))
-    totals = dist.all_gather_objects((loss_total, fed.fed, fed.real))
-    metrics["loss"] = sum(total for total, _, _ in totals) / run.mini_batches
-    metrics.update(pass_metrics(plan, sum(f for _, f, _ in totals), sum(r for _, _, r in totals)))
+    gathered = dist.all_gather_objects((totals.loss, totals.fed.fed, totals.fed.real))
+    metrics["loss"] = sum(total for total, _, _ in gathered) / run.mini_batches
+    metrics.update(pass_metrics(plan, sum(f for _, f, _ in gathered), sum(r for _, _, r in gathered)))
     metrics["grad_norm"] = policy.grad_norm()
     metrics["lr"] = policy.lr()
-    return metrics
+    return PolicyUpdate(metrics, prepared.rewards.tolist())
 
 
 # --- helpers of the step, in the order it calls them ---
 
-def row_logprobs(run: StepSettings, policy: Policy, rollouts: StepRollouts, micro_batches: list[list[MicroBatch]],
+@dataclass(frozen=True)
+class RowPasses:
+    """The no-grad passes the algorithm asks for, on this rank's rows in the update's micro-batches: {row: [n_row]}
+    on the CPU (None: not run)."""
+
+    old_logp: dict[int, torch.Tensor] | None = None
+    old_entropy: dict[int, torch.Tensor] | None = None
+    ref_logp: dict[int, torch.Tensor] | None = None
+
+
+def no_grad_passes(run: StepSettings, policy: Policy, rollouts: RolloutBatch, mine: list[list[MicroBatch]],
+                   timings: Timings) -> RowPasses:
+    """The old policy's log-probs and entropy (or, plain PPO on stale data, the sampler's log-probs as the old
+    policy's) and the KL reference's, on this rank's micro-batches `mine`, as the algorithm needs them."""
+    old_logp = old_entropy = ref_logp = None
+    if run.needs_old_logprobs:
+        with timings("old_logprob"):
+            old_logp, old_entropy = row_logprobs(run, policy, rollouts, mine, reference=False)
+    if run.behaviour_is_old:
+        old_logp = {i: rollouts.sampler_logprobs[i, : int(rollouts.lengths[i])] for per_mini in mine
+                    for micro in per_mini for i in micro.rows}
+    if alg.needs_reference(run.algorithm):
+        with timings("reference"):
+            ref_logp, _ = row_logprobs(run, policy, rollouts, mine, reference=True)
+    return RowPasses(old_logp, old_entropy, ref_logp)
+
+
+def row_logprobs(run: StepSettings, policy: Policy, rollouts: RolloutBatch, micro_batches: list[list[MicroBatch]],
                  *, reference: bool) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
     """Per-row log-probs and entropy ({row: [n_row]} on the CPU), without grad, in `micro_batches` (per mini-batch:
     the update's): the old policy's (with its entropy), or (`reference`) the KL reference's."""
@@ -276,6 +242,103 @@ def row_logprobs(run: StepSettings, policy: Policy, rollouts: StepRollouts, micr
             if entropy is not None:
                 entropies[i] = entropy[k, :n].cpu()
     return logps, entropies
+
+
+def step_batch(run: StepSettings, rollouts: RolloutBatch, passes: RowPasses, step: int,
+               entropy_coef: float | None) -> alg.StepBatch:
+    """The algorithm's view of the global batch: [N] per sequence, [N, T] per token; the no-grad passes' rows
+    gathered from every rank where the algorithm reads the whole batch's."""
+    num_rows, width = rollouts.response_ids.shape  # N, T
+    return alg.StepBatch(
+        correct=rollouts.correct,
+        valid=rollouts.valid,
+        truncated=rollouts.truncated,
+        in_format=rollouts.in_format,
+        lengths=rollouts.lengths,
+        group_ids=rollouts.group_ids,
+        mask=alg.response_mask(rollouts.lengths),  # [N, T]
+        max_new_tokens=run.max_new_tokens,
+        mini_batches=run.mini_batches,
+        format_weight=run.reward.format_weight,
+        # the entropy-weighted estimators normalise over the whole batch
+        old_entropy=None if passes.old_entropy is None else gather_rows(passes.old_entropy, num_rows, width),
+        entropy_coef=entropy_coef,
+        # a step-wide token selection ranks the tokens of the whole batch
+        old_logp=gather_rows(passes.old_logp, num_rows, width) if alg.needs_step_logprobs(run.algorithm) else None,
+        seed=run.seed,
+        step=step,
+        score=rollouts.score,
+    )
+
+
+class WeightedMeans:
+    """Token-weighted running means of metrics across micro-batches and ranks."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.weights: dict[str, float] = defaultdict(float)
+
+    def add(self, metrics: dict[str, float], weight: float) -> None:
+        for key, value in metrics.items():
+            self.sums[key] += float(value) * weight
+            self.weights[key] += weight
+
+    def reduce(self) -> dict[str, float]:
+        sums, weights = defaultdict(float), defaultdict(float)
+        for part_sums, part_weights in dist.all_gather_objects((dict(self.sums), dict(self.weights))):
+            for key in part_sums:
+                sums[key] += part_sums[key]
+                weights[key] += part_weights[key]
+        return {key: sums[key] / weights[key] for key in sums if weights[key] > 0}
+
+
+@dataclass
+class UpdateTotals:
+    """What this rank's update passes add up: token-weighted metric means, the loss, the tokens fed."""
+
+    means: WeightedMeans = field(default_factory=WeightedMeans)
+    loss: float = 0.0
+    fed: PassTokens = field(default_factory=PassTokens)
+
+
+def train_passes(run: StepSettings, policy: Policy, rollouts: RolloutBatch, mine: list[list[MicroBatch]],
+                 passes: RowPasses, prepared: alg.StepTensors) -> UpdateTotals:
+    """The updates: mini-batch k trains groups [k * n, (k + 1) * n), n = groups / mini_batches, in this rank's
+    micro-batches `mine[k]`, then one optimizer step."""
+    totals = UpdateTotals()
+    for mini_batch, micro_batches in enumerate(mine):
+        for micro in micro_batches:
+            train_micro_batch(run, policy, rollouts, micro, mini_batch, passes, prepared, totals)
+        policy.step()
+    return totals
+
+
+def train_micro_batch(run: StepSettings, policy: Policy, rollouts: RolloutBatch, micro: MicroBatch, mini_batch: int,
+                      passes: RowPasses, prepared: alg.StepTensors, totals: UpdateTotals) -> None:
+    """One forward and backward of `micro` (this rank's share of the global mean); its loss, tokens and metrics
+    added to `totals`."""
+    rows = micro.rows  # [b] indices into N
+    tokens = rollouts.tokens(micro, run.pad_token_id, policy.device)
+    out = policy.logprobs(tokens, grad=True, with_entropy=True, entropy_grad=alg.needs_entropy_grad(run.algorithm),
+                          fed=totals.fed)  # [b, t] each
+    cols = out.logp.shape[1]
+
+    def padded(per_row: dict[int, torch.Tensor] | None) -> torch.Tensor | None:  # the rows' [b, t]
+        return None if per_row is None else pad_to([per_row[i] for i in rows], cols).to(policy.device)
+
+    # none when the sampler's log-probs are the old policy's: no behaviour term, nothing to compare
+    behaviour = rollouts.sampler_logprobs is not None and not run.behaviour_is_old
+    loss, loss_metrics = alg.micro_batch_loss(
+        run.algorithm, prepared, rows, mini_batch, out.logp, out.entropy, old_logp=padded(passes.old_logp),
+        ref_logp=padded(passes.ref_logp),
+        sampler_logp=rollouts.sampler_logprobs[rows, :cols].to(policy.device) if behaviour else None)
+    policy.backward(loss)
+    totals.loss += float(loss.detach())
+    real, entropy = tokens.response_mask, out.entropy.detach()  # [b, t]
+    totals.means.add(loss_metrics, float(prepared.loss_mask[rows, :cols].sum()))
+    totals.means.add({"entropy/mean": float((entropy * real).sum() / real.sum().clamp(min=1))}, float(real.sum()))
+    totals.means.add(alg.entropy_by_polarity(entropy, real, rollouts.correct[rows].to(policy.device)),
+                     float(real.sum()))
 
 
 def pass_metrics(plan: UpdatePlan, fed: int, real: int) -> dict[str, float]:
@@ -300,25 +363,6 @@ def gather_rows(local_rows: dict[int, torch.Tensor], num_rows: int, width: int) 
     return out
 
 
-class WeightedMeans:
-    """Token-weighted running means of metrics across micro-batches and ranks."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = defaultdict(float)
-        self.weights: dict[str, float] = defaultdict(float)
-
-    def add(self, metrics: dict[str, float], weight: float) -> None:
-        for key, value in metrics.items():
-            self.sums[key] += float(value) * weight
-            self.weights[key] += weight
-
-    def reduce(self) -> dict[str, float]:
-        sums, weights = defaultdict(float), defaultdict(float)
-        for part_sums, part_weights in dist.all_gather_objects((dict(self.sums), dict(self.weights))):
-            for key in part_sums:
-                sums[key] += part_sums[key]
-                weights[key] += part_weights[key]
-        return {key: sums[key] / weights[key] for key in sums if weights[key] > 0}
 
 
 def cuda_memory_metrics(device: torch.device) -> dict[str, float]:

@@ -24,7 +24,9 @@ from tokenpo.errors import ConfigError
 from tokenpo.plan.memory import Shapes, build_plan, device_type, memory_limit, run_shapes
 from tokenpo.plan.units import format_bytes
 from tokenpo.trainer.policy import Policy
-from tokenpo.trainer.rollouts import StepRollouts
+from tokenpo.rewards import RewardConfig
+from tokenpo.trainer.batch import RolloutBatch
+from tokenpo.trainer.rollouts import StepRollouts, rollout_batch
 from tokenpo.trainer.step import StepSettings, row_logprobs
 
 log = logging.getLogger("tokenpo")
@@ -35,7 +37,8 @@ def worst_case_enabled(flag: bool | None, device: torch.device) -> bool:
     return device.type == "cuda" if flag is None else flag
 
 
-def worst_case_rollouts(prompt_ids: list[list[int]], group_size: int, shapes: Shapes) -> StepRollouts:
+def worst_case_rollouts(prompt_ids: list[list[int]], group_size: int, shapes: Shapes,
+                        reward: RewardConfig) -> RolloutBatch:
     """The largest micro-batch's groups: the `micro_groups` longest training prompts (repeated when there are fewer),
     each with G responses of max_new_tokens tokens (their ids do not matter for memory: the first prompt's first
     token)."""
@@ -43,9 +46,9 @@ def worst_case_rollouts(prompt_ids: list[list[int]], group_size: int, shapes: Sh
     prompts = [longest_first[i % len(longest_first)] for i in range(shapes.micro_groups)]
     filler = [prompts[0][0]] * shapes.new_tokens
     rows = len(prompts) * group_size
-    return StepRollouts(examples=[Example("worst-case", "", "")] * len(prompts), prompt_ids=prompts,
-                        response_ids=[filler] * rows, response_text=[""] * rows, truncated=[True] * rows,
-                        verdicts=[""] * rows)
+    return rollout_batch(StepRollouts(examples=[Example("worst-case", "", "")] * len(prompts), prompt_ids=prompts,
+                                      response_ids=[filler] * rows, response_text=[""] * rows,
+                                      truncated=[True] * rows, verdicts=[""] * rows), reward)
 
 
 def run_worst_case(cfg: TrainConfig, run: StepSettings, policy: Policy, prompt_ids: list[list[int]]) -> Shapes:
@@ -53,7 +56,7 @@ def run_worst_case(cfg: TrainConfig, run: StepSettings, policy: Policy, prompt_i
     prompt's length as prompt_tokens). `cfg`: the memory plan's shapes and its out-of-memory advice read it all."""
     # the longest training prompt: a token budget's largest micro-batch holds rows of it + max_new_tokens
     shapes = run_shapes(cfg, dist.world_size(), max(map(len, prompt_ids)))
-    rollouts = worst_case_rollouts(prompt_ids, cfg.rollout.group_size, shapes)
+    rollouts = worst_case_rollouts(prompt_ids, cfg.rollout.group_size, shapes, run.reward)
     # one process, one mini-batch: this process's micro-batches of the largest shapes
     micro_batches = rollouts.plan(run.split(cfg.rollout.group_size), 1, 1).of_rank(0)
     devices = [policy.device] if policy.device.type == "cuda" else []
