@@ -255,6 +255,7 @@ class RolloutBatch:
     in_format: torch.Tensor  # [N] float: 1 where the answer is given in the asked-for form
     # [N, T] float, 0 on padding: the rollout engine's log-probs of the sampled tokens; None where it returns none
     sampler_logprobs: torch.Tensor | None
+    versions: torch.Tensor | None  # [N] long: the policy version that sampled each response (None: not known)
     verdicts: list[str]  # [N] the scorer's verdicts (metrics and the samples table)
     response_text: list[str]  # [N] (the samples table)
     counts: SamplingCounts

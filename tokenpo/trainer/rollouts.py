@@ -30,6 +30,7 @@ class StepRollouts:
     sampler_logprobs: list[list[float]] = field(default_factory=list)
     # each sequence's score (reward.functions' weighted sum; None: out of the loss); empty: the verdicts alone
     scores: list[float | None] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # the policy version that sampled each sequence
 
     @property
     def group_size(self) -> int:
@@ -40,11 +41,11 @@ class StepRollouts:
         rows = slice(index * g, (index + 1) * g)
         return StepRollouts([self.examples[index]], [self.prompt_ids[index]], self.response_ids[rows],
                             self.response_text[rows], self.truncated[rows], self.verdicts[rows],
-                            self.sampler_logprobs[rows], scores=self.scores[rows])
+                            self.sampler_logprobs[rows], scores=self.scores[rows], versions=self.versions[rows])
 
     def extend(self, other: StepRollouts) -> None:
         for name in ("examples", "prompt_ids", "response_ids", "response_text", "truncated", "verdicts",
-                     "sampler_logprobs", "scores"):
+                     "sampler_logprobs", "scores", "versions"):
             getattr(self, name).extend(getattr(other, name))
 
 
@@ -84,8 +85,8 @@ def rollout_batch(kept: StepRollouts, reward: RewardConfig, counts: SamplingCoun
         group_ids=torch.arange(len(kept.examples)).repeat_interleave(kept.group_size),
         correct=torch.tensor([v == CORRECT for v in kept.verdicts], dtype=torch.bool), valid=valid, score=score,
         truncated=torch.tensor(kept.truncated, dtype=torch.bool), in_format=format_rewards(kept.response_text, reward),
-        sampler_logprobs=sampler_logprobs, verdicts=list(kept.verdicts), response_text=list(kept.response_text),
-        counts=counts)
+        sampler_logprobs=sampler_logprobs, versions=torch.tensor(kept.versions) if kept.versions else None,
+        verdicts=list(kept.verdicts), response_text=list(kept.response_text), counts=counts)
 
 
 def mixed_group_ids(rollouts: StepRollouts) -> list[int]:
