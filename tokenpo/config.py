@@ -11,10 +11,10 @@ from tokenpo.algorithms.inert import inert_on_policy, needs_group
 from tokenpo.data.config import DataConfig, data_config_from_dict, data_keys_under
 from tokenpo.deepspeed.config import DeepSpeedConfig, check_precision
 from tokenpo.evaluation.config import EvalConfig, data_keys
+from tokenpo.evaluation.judging import data_reward_defaults
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.models.config import ModelConfig, model_config_from_dict
 from tokenpo.rewards.config import RewardConfig, resolve, reward_config_from_dict
-from tokenpo.rewards.weighted import DEFAULT_FUNCTIONS
 from tokenpo.rollout.config import RolloutConfig, require_sampler_logprobs, rollout_config_from_dict
 from tokenpo.schema import build, must_be, require
 from tokenpo.trainer.config import TrainerConfig
@@ -126,24 +126,3 @@ def with_precision(deepspeed: DeepSpeedConfig, model: dict) -> DeepSpeedConfig:
     return replace(deepspeed, precision="bf16" if model.get("dtype") == "bfloat16" else "fp32")
 
 
-def validated(cfg):
-    """`cfg` after its `validate()` (for a config built by hand, as `tokenpo.evaluate` builds its model's)."""
-    cfg.validate()
-    return cfg
-
-
-def data_reward_defaults(data: DataConfig) -> dict:
-    """How the dataset asks for its answer; the reward config's nulls take these values."""
-    return {"answer_format": data.answer_format, "answer_pattern": data.answer_pattern, "fallback": data.fallback}
-
-
-def benchmark_reward(reward: RewardConfig, benchmark: DataConfig) -> RewardConfig:
-    """How a benchmark's answers are judged; training-time eval and `tokenpo.evaluate` both call this.
-
-    The answer format, pattern and fallback are always the benchmark's data config's (eval.data, or data when
-    eval.data is null): explicit reward.* values of them shape the training reward only, so a checkpoint gets one
-    accuracy whatever data it was trained on. reward.fn (the user's verifier), timeout_s and num_workers apply;
-    reward.functions (the training reward) do not: a benchmark scores the verdict.
-    """
-    return replace(reward, **data_reward_defaults(benchmark),
-                   functions=[dict(entry) for entry in DEFAULT_FUNCTIONS]).validate()

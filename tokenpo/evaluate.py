@@ -16,7 +16,7 @@ output_dir is `outputs/eval/<model>/eval_<eval.name>/` under the current directo
 a markdown table.
 Groups `eval`, `data` (the benchmark when eval.data is null, e.g. eval=arith), `reward` and `rollout` (engine,
 eos_tokens, and max_new_tokens where eval.max_new_tokens is null) are the training run's groups. Answers are
-judged as training-time evaluation judges them (tokenpo.config.benchmark_reward): read as the benchmark's data
+judged as training-time evaluation judges them (tokenpo.evaluation.judging.benchmark_reward): read as the benchmark's data
 config says, with reward.fn, reasoning_tag and timeout_s from `reward` (reward.answer_* are refused).
 """
 

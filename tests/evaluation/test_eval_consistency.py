@@ -17,7 +17,8 @@ from types import SimpleNamespace
 import pytest
 
 from support.config import compose_tree
-from tokenpo.config import benchmark_reward, build_config
+from tokenpo.config import build_config
+from tokenpo.evaluation.judging import benchmark_reward
 from tokenpo.data import data_config_from_dict
 from tokenpo.errors import ConfigError
 import tokenpo.evaluate  # noqa: F401 (registers the `evaluate` config)

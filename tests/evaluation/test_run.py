@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tokenpo.config import benchmark_reward
+from tokenpo.evaluation.judging import benchmark_reward
 from tokenpo.data import DataConfig, Example
 from tokenpo.deepspeed import dist
 from tokenpo.evaluation import run

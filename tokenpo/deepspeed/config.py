@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from tokenpo.schema import check_fields, require, setting
 
+# seconds a collective waits for the slowest process before the run fails (trainer.dist_timeout_s's default): a DAPO
+# round of 20k-token generations or rank 0 hashing a large checkpoint outlasts DeepSpeed's 10 minutes
+COLLECTIVE_TIMEOUT_S = 7200.0
+
 
 @dataclass
 class DeepSpeedConfig:

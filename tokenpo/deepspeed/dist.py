@@ -13,7 +13,7 @@ from packaging import version
 
 from tokenpo.deepspeed import name_the_accelerator
 from tokenpo.errors import ConfigError
-from tokenpo.trainer.config import TrainerConfig
+from tokenpo.deepspeed.config import COLLECTIVE_TIMEOUT_S
 
 name_the_accelerator()
 
@@ -46,7 +46,7 @@ def bound_device(index: int, world_size: int, backend: str) -> torch.device | No
     return torch.device("cuda", index)
 
 
-def init_distributed(backend: str, timeout_s: float = TrainerConfig.dist_timeout_s) -> None:
+def init_distributed(backend: str, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
     """Join the launcher's process group; a lone process makes a group of one (DeepSpeed needs one).
 
     The CUDA device is chosen before the group exists, as torchrun's recipe does (set_device, then

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from tokenpo.config import validated
 from tokenpo.data import DataConfig, data_config_from_dict
 from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
@@ -129,7 +128,8 @@ def build_eval_run(tree: DictConfig | dict) -> EvalRun:
             raise ConfigError(f"{key} must be an integer >= 0, got {value!r}")
     model_path, adapter = adapter_and_base(plain.get("model_path"), plain.get("adapter_path"))
     model = model_config_for(model_path, plain["dtype"], plain["attn_implementation"], plain["trust_remote_code"])
-    eval_cfg = validated(from_dict(EvalConfig, plain["eval"], "eval"))
+    eval_cfg = from_dict(EvalConfig, plain["eval"], "eval")
+    eval_cfg.validate()
     if eval_cfg.extra:
         raise ConfigError(f"eval.extra lists {len(eval_cfg.extra)} more benchmark(s): tokenpo.evaluate scores one; "
                           "add eval.extra=[] and evaluate each with its own eval.* settings")

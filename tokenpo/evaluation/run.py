@@ -13,7 +13,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from tokenpo.config import benchmark_reward
+from tokenpo.evaluation.judging import benchmark_reward
 from tokenpo.data import Example
 from tokenpo.data.prompts import capped_prompt_ids
 from tokenpo.deepspeed import dist
@@ -184,7 +184,7 @@ def benchmark_task(benchmark: Benchmark, reward: RewardConfig, rollout: RolloutC
 def evaluate_benchmark(benchmark: Benchmark, reward: RewardConfig, rollout: RolloutConfig, sampler: TextSampler,
                        seed: int, scorer: RewardScorer | None = None) -> EvalResult:
     """`benchmark` as training-time evaluation and `tokenpo.evaluate` both run it: judged as its own data config
-    reads answers (tokenpo.config.benchmark_reward of the run's `reward` section), not as the training data's.
+    reads answers (tokenpo.evaluation.judging.benchmark_reward of the run's `reward` section), not as the training data's.
 
     `scorer` (e.g. the training one) is used when it judges alike; otherwise workers are started for this call.
     """

@@ -13,6 +13,8 @@ longest prompt of the run's data under its template, counted by the model's toke
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import json
 import os
@@ -23,18 +25,23 @@ from dataclasses import dataclass
 from hydra import initialize_config_dir
 
 from tokenpo import CONF_DIR
-from tokenpo.config import TrainConfig
 from tokenpo.errors import ConfigError
 from tokenpo.plan.context import run_prompt_lengths
 from tokenpo.plan.memory import DEFAULT_PROMPT_TOKENS, MemoryPlan, build_plan, cuda_memory, device_type, host_memory
 from tokenpo.plan import parts as P
 from tokenpo.plan.units import format_bytes, parse_bytes
-from tokenpo.preflight import check_command_line, compose_and_validate
 from tokenpo.progress import quiet_library_bars
+
+if TYPE_CHECKING:
+    from tokenpo.config import TrainConfig
 
 
 def compose_train_config(overrides: list[str]) -> TrainConfig:
     """The config tokenpo.train would run with these overrides (its command-line checks, one-line errors)."""
+    # the command line is checked as tokenpo.train checks it (preflight sits above the planner, which the trainer
+    # reads: imported here, by the command, not by the planner's modules)
+    from tokenpo.preflight import check_command_line, compose_and_validate
+
     check_command_line(CONF_DIR, "train", overrides)
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return compose_and_validate("train", overrides)

@@ -5,13 +5,17 @@ silently where the positions run out (vLLM's `length` stop, the hf engine decodi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 from dataclasses import dataclass
 
-from tokenpo.config import TrainConfig
 from tokenpo.data import Example, load_splits
 from tokenpo.data.prompts import capped_prompt_ids
 from tokenpo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tokenpo.config import TrainConfig
 
 log = logging.getLogger("tokenpo")
 

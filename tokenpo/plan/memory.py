@@ -9,10 +9,9 @@ import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from tokenpo import algorithms as alg
-from tokenpo.config import TrainConfig
 from tokenpo.errors import ConfigError
 from tokenpo.models.config import is_flash_attention
 from tokenpo.plan import parts as P
@@ -20,6 +19,9 @@ from tokenpo.plan.architecture import Architecture, model_architecture, num_para
 from tokenpo.plan.units import format_bytes, parse_bytes
 from tokenpo.rollout.config import DEFAULT_MEMORY_SHARE, RolloutConfig, VLLMConfig, vllm_sizing
 from tokenpo.schema import require
+
+if TYPE_CHECKING:
+    from tokenpo.config import TrainConfig
 
 log = logging.getLogger("tokenpo")
 

@@ -1,9 +1,8 @@
 """The one interface between training and generation: a `Generator` samples rollouts for a version of the policy that
 `Policy.publish` handed it, and the trainer talks to nothing else.
 
-- `Published`: a version of the policy's weights as it leaves the policy (`Policy.publish`), the only way it does: the
-  tensors in the base model's names (LoRA merged, ZeRO-3 gathered module by module, so no rank holds a second full
-  copy), or, for a generator in the trainer's own process, the live module for the length of a `with`.
+- `Published` (tokenpo.models.published): a version of the policy's weights as it leaves the policy
+  (`Policy.publish`), the only way it does.
 - `GenerateRequest` / `Generated`: prompts, sampling parameters, a seed, and the version that must sample them; the
   responses with the version that did and what it waited for.
 - `Generator`: load a published version, take requests (answered now or in the background), sample now with the
@@ -15,42 +14,16 @@ Which version samples which step is `version_for`, a pure function of the step a
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from tokenpo.models.lora import base_model
-from tokenpo.models.weight_stream import policy_weights
+from tokenpo.models.published import Published
 
 if TYPE_CHECKING:
     from tokenpo.rollout.engine import Responses, SamplingParams
-
-
-@dataclass(frozen=True)
-class Published:
-    """Version `version` of the policy (the policy after that many rollout steps' updates)."""
-
-    version: int
-    # (name, tensor) of every weight of the base model, one module at a time; under ZeRO-3 each module is gathered
-    # while it is handed over, a collective: every rank iterates the whole stream
-    tensors: Callable[[], Iterator[tuple[str, torch.Tensor]]]
-    # for a generator in the trainer's process: the live module ready to generate (ZeRO-3 gathered for the `with`)
-    module: Callable[[], contextlib.AbstractContextManager[torch.nn.Module]]
-    # the base model's Hugging Face config and its weights' dtype (what a generator builds its own model from)
-    config: object
-    dtype: torch.dtype
-    architecture: str  # the base model's class (LlamaForCausalLM): what a config made in memory does not name
-
-    @classmethod
-    def of_module(cls, module: torch.nn.Module, version: int = 0) -> Published:
-        """A plain module in this process as version `version` (evaluation: no DeepSpeed, no partition)."""
-        base = base_model(module)
-        return cls(version, lambda: policy_weights(module, partitioned=False), lambda: contextlib.nullcontext(module),
-                   base.config, next(module.parameters()).dtype, type(base).__name__)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tokenpo.deepspeed.config import COLLECTIVE_TIMEOUT_S
 from tokenpo.schema import check_fields, require, section, setting
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
@@ -131,7 +132,7 @@ class TrainerConfig:
     nproc: int = setting(1,
         "Local worker processes this job starts itself (1 = none; >1 runs DeepSpeed over gloo/NCCL on this machine)",
         ge=1)
-    dist_timeout_s: float = setting(7200.0,
+    dist_timeout_s: float = setting(COLLECTIVE_TIMEOUT_S,
         "Seconds a collective (all-reduce, broadcast, barrier) waits for the slowest process before the run fails; a "
         "DAPO round of 20k-token generations or rank 0 hashing a large checkpoint can outlast DeepSpeed's 10 min "
         "default (verl: nccl_timeout 600, raised for long rollouts; ReaLHF: 7200 s, as generation can exceed an hour)",

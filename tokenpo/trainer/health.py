@@ -35,6 +35,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable, Iterable
+from typing import Protocol
 from dataclasses import dataclass
 
 import torch
@@ -357,29 +358,42 @@ class UpdateGuard:
             self.nonfinite += 1
 
 
-class HealthMonitor:
-    """The run's detectors on each step's metrics (`check`, called by the step before the engine takes the new
-    weights), the policy's UpdateGuard, W&B alerts through `alert(title, text, stop)`, and the firing that stops the
-    run (`stopping`). `state`: RunState.health from a checkpoint."""
+def holds_updates(cfg: HealthConfig) -> bool:
+    """Whether each step's last update waits for the step's checks: a detector that may skip or stop it."""
+    return any(getattr(cfg, name).action in ("skip", "stop") for name in DETECTORS if name not in UNHELD)
 
-    def __init__(self, cfg: HealthConfig, guard: UpdateGuard, state: dict | None = None,
+
+class PendingUpdate(Protocol):
+    """What the checks read of the policy (tokenpo.trainer.policy.Policy): its update held for them, committed or
+    skipped, the updates skipped, the last update's gradient norm."""
+
+    def commit(self, veto: bool) -> bool: ...
+
+    def skipped_updates(self) -> tuple[int, int]: ...
+
+    def grad_norm(self) -> float: ...
+
+
+class HealthMonitor:
+    """The run's detectors on each step's metrics (`check`, called by the step before the generator takes the new
+    weights), W&B alerts through `alert(title, text, stop)`, and the firing that stops the run (`stopping`). `state`:
+    RunState.health from a checkpoint."""
+
+    def __init__(self, cfg: HealthConfig, state: dict | None = None,
                  alert: Callable[[str, str, bool], None] | None = None) -> None:
         self.detectors = Detectors(cfg, state)
-        self.guard = guard
         self.alert = alert
         self.stopping: Firing | None = None
         self.stop_step = 0
-        # a detector that may skip or stop holds each step's last update until its check
-        guard.hold = any(getattr(cfg, name).action in ("skip", "stop") for name in DETECTORS if name not in UNHELD)
 
-    def check(self, step: int, metrics: dict, grad_norm: Callable[[], float]) -> dict[str, float]:
-        """This step's health metrics, from its `metrics` (the same on every process); a held update applied or
-        skipped here (`grad_norm` then reads the norm of that update)."""
+    def check(self, step: int, metrics: dict, policy: PendingUpdate) -> dict[str, float]:
+        """This step's health metrics, from its `metrics` (the same on every process); the policy's update held for
+        them committed or skipped here (the gradient norm then read again: that update's)."""
         # the metric detectors, then the held update, then the non-finite ones (the update counts there)
         firings = self.detectors.observe(metrics, [name for name in DETECTORS if name != "nonfinite"])
-        if self.guard.release(veto=any(f.action in ("skip", "stop") for f in firings)):
-            metrics["grad_norm"] = grad_norm()
-        skipped, nonfinite = self.guard.take()
+        if policy.commit(veto=any(f.action in ("skip", "stop") for f in firings)):
+            metrics["grad_norm"] = policy.grad_norm()
+        skipped, nonfinite = policy.skipped_updates()
         self.detectors.skipped_updates += skipped
         firings += self.detectors.observe(metrics, ["nonfinite"], nonfinite)
         for firing in firings:

@@ -5,6 +5,8 @@ metrics and sample tables (tokenpo.logger), stop signals (launch.StopRequest).""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import dataclasses
 import functools
@@ -17,7 +19,6 @@ from pathlib import Path
 import torch
 
 from tokenpo import algorithms as alg
-from tokenpo.config import TrainConfig
 from tokenpo.data import PromptSampler, describe_template, load_splits
 from tokenpo.deepspeed import dist
 from tokenpo.evaluation.benchmark import stop_token_ids
@@ -38,6 +39,9 @@ from tokenpo.trainer.source import PromptCache, Prompts, RolloutSource, Schedule
 from tokenpo.trainer.state import RunState, resume_run, save_run
 from tokenpo.trainer.step import StepResult, StepSettings, train_step
 from tokenpo.trainer.worst_case import out_of_memory_reported, run_worst_case, step_shapes, worst_case_enabled
+
+if TYPE_CHECKING:
+    from tokenpo.config import TrainConfig
 
 log = logging.getLogger("tokenpo")
 
@@ -65,7 +69,7 @@ def train(cfg: TrainConfig, identity: RunIdentity) -> dict:
         state, _ = resume_run(policy, sampler, trainer.resume, run_dir,
                               with_checksums=trainer.verify_checkpoints == "full")
         logger = RunLogger(cfg.logger, identity, enabled=dist.is_main(), resume_id=state.wandb_id)
-        health = HealthMonitor(trainer.health, policy.guard, state.health, alert=logger.alert)
+        health = HealthMonitor(trainer.health, state.health, alert=logger.alert)
         announce(cfg, identity, state, policy, logger, tokenizer)
         evaluate = functools.partial(evaluate_benchmarks, evaluator, benchmarks, logger=logger, run_dir=run_dir,
                                      samples_rows=cfg.logger.samples_rows, print_samples=trainer.print_samples)

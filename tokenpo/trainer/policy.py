@@ -14,6 +14,8 @@ files are pickles that it loads with `weights_only=False`, so resume only from c
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import pickle
 import random
@@ -24,22 +26,23 @@ import numpy as np
 import torch
 
 from tokenpo import algorithms as alg
-from tokenpo.config import TrainConfig
 from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import (build_policy_engine, build_reference, forward_in_engine, gathered_for_generation,
                                       partitioned_loading)
 from tokenpo.deepspeed.export import zero3_16bit_state_dict
 from tokenpo.models.loading import load_model
 from tokenpo.models.logprobs import PassTokens, response_logprobs
-from tokenpo.models.lora import adapters_disabled, base_model, save_merged_and_adapter
+from tokenpo.models.lora import adapters_disabled, save_merged_and_adapter
 from tokenpo.models.modes import no_dropout
-from tokenpo.models.weight_stream import policy_weights
-from tokenpo.rollout.generator import Published
+from tokenpo.models.published import Published, published
 from tokenpo.trainer import checkpoint
 from tokenpo.trainer.batch import GroupTokens
 from tokenpo.trainer.checkpoint_manifest import CheckpointError
-from tokenpo.trainer.health import UpdateGuard
+from tokenpo.trainer.health import UpdateGuard, holds_updates
 from tokenpo.trainer.optim import build_optimizer
+
+if TYPE_CHECKING:
+    from tokenpo.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -61,11 +64,13 @@ class PolicySettings:
     pack_sequences: bool = False  # trainer.pack_sequences: every pass's rows as one padding-free sequence
     partitioned: bool = False  # ZeRO-3: each process holds a shard of every parameter
     world_size: int = 1
+    hold_updates: bool = False  # each step's last update waits for the step's health checks (`commit`)
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, world_size: int = 1) -> PolicySettings:
         return cls(cfg.rollout.temperature or 1.0, cfg.trainer.logit_chunk_tokens, cfg.trainer.recompute_head,
-                   cfg.model.lora.settings(), cfg.trainer.pack_sequences, cfg.deepspeed.partitioned, world_size)
+                   cfg.model.lora.settings(), cfg.trainer.pack_sequences, cfg.deepspeed.partitioned, world_size,
+                   holds_updates(cfg.trainer.health))
 
     @property
     def lockstep(self) -> bool:
@@ -79,17 +84,19 @@ class Policy:
 
     def __init__(self, engine, optimizer: torch.optim.Optimizer | None, reference: torch.nn.Module | None,
                  device: torch.device, settings: PolicySettings) -> None:
-        self.engine = engine  # DeepSpeed's; its weights leave through `publish` only
-        self.optimizer = optimizer  # the torch optimizer inside the engine (the learning rate is set on its groups)
+        self._engine = engine  # DeepSpeed's; its weights leave through `publish` only
+        self._optimizer = optimizer  # the torch optimizer inside the engine (the learning rate is set on its groups)
         self.device = device
         self.settings = settings
         self._reference = reference  # the frozen copy; None without a KL term, or with LoRA (the adapters off)
-        self.guard = UpdateGuard(optimizer)  # no non-finite update reaches the weights; health checks may hold one
+        self._guard = UpdateGuard(optimizer)  # no non-finite update reaches the weights; health checks may hold one
+        self._guard.hold = settings.hold_updates
 
     @property
     def module(self) -> torch.nn.Module:
-        """The trained nn.Module (a PEFT model with LoRA)."""
-        return self.engine.module
+        """The trained nn.Module (a PEFT model with LoRA), to inspect (parameter counts); weights leave through
+        `publish`."""
+        return self._engine.module
 
     @classmethod
     def build(cls, cfg: TrainConfig, world_size: int, device: torch.device) -> tuple[object, Policy]:
@@ -116,15 +123,14 @@ class Policy:
         updates) for a generator, read when it loads it: the tensors in the base model's names, a LoRA policy's
         layers merged (W + scale·B·A), under ZeRO-3 gathered one module at a time so no rank holds a second full
         copy; or the live module for a generator in this process (under ZeRO-3 gathered for the `with`)."""
-        self.guard.flush()  # an update held for the step's health checks is applied before its weights go out
-        module, partitioned, base = self.module, self.settings.partitioned, base_model(self.module)
-        return Published(version, lambda: policy_weights(module, partitioned),
-                         lambda: gathered_for_generation(self.engine, partitioned), base.config,
-                         next(module.parameters()).dtype, type(base).__name__)
+        self._guard.flush()  # an update held for the step's health checks is applied before its weights go out
+        partitioned = self.settings.partitioned
+        return published(self.module, version, partitioned=partitioned,
+                         lend=lambda: gathered_for_generation(self._engine, partitioned))
 
     def _forward(self, model, tokens: GroupTokens, *, with_entropy: bool, entropy_grad: bool = False,
                  recompute_head: bool = False, fed: PassTokens | None = None) -> TokenLogprobs:
-        self.guard.flush()  # an update held for the step's health checks is applied before a pass reads the weights
+        self._guard.flush()  # an update held for the step's health checks is applied before a pass reads the weights
         logp, entropy = forward_in_engine(
             model, response_logprobs, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids,
             tokens.response_mask, prompt_index=tokens.prompt_index, packed=self.settings.pack_sequences,
@@ -140,7 +146,7 @@ class Policy:
         dropout on, the output layer recomputed in the backward per trainer.recompute_head; else without grad and
         without dropout (the old policy). `fed` counts the token positions the decoder ran."""
         if grad:
-            return self._forward(self.engine, tokens, with_entropy=with_entropy, entropy_grad=entropy_grad,
+            return self._forward(self._engine, tokens, with_entropy=with_entropy, entropy_grad=entropy_grad,
                                  recompute_head=self.settings.recompute_head, fed=fed)
         with torch.no_grad(), no_dropout(self.module):
             return self._forward(self.module, tokens, with_entropy=with_entropy, fed=fed)
@@ -162,26 +168,34 @@ class Policy:
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate this rank's share of the global mean loss: DeepSpeed averages gradients over ranks, so it is
         scaled by the world size, and not again by gradient accumulation (the loss is already a share)."""
-        self.guard.note_loss(loss)
-        self.engine.backward(loss * dist.world_size(), scale_wrt_gas=False)
+        self._guard.note_loss(loss)
+        self._engine.backward(loss * dist.world_size(), scale_wrt_gas=False)
 
     def step(self) -> None:
         """One optimizer update with the gradients accumulated since the last one; never a non-finite one, and held
         until the step's health checks where one may skip it (tokenpo.trainer.health.UpdateGuard)."""
-        self.guard.step(self.engine)
+        self._guard.step(self._engine)
+
+    def commit(self, veto: bool) -> bool:
+        """The update held for the step's health checks applied, or skipped (`veto`); whether one was held."""
+        return self._guard.release(veto)
+
+    def skipped_updates(self) -> tuple[int, int]:
+        """(updates not applied, of them for a non-finite loss or gradient) since the last call."""
+        return self._guard.take()
 
     def set_lr(self, lr: float) -> None:
         """The learning rate of the following updates, on every parameter group (DeepSpeed's ZeRO optimizers wrap
         these same groups)."""
-        for group in self.optimizer.param_groups:
+        for group in self._optimizer.param_groups:
             group["lr"] = lr
 
     def grad_norm(self) -> float:
         """The gradient norm of the last update (before clipping); 0 before any."""
-        return float(self.engine.get_global_grad_norm() or 0.0)
+        return float(self._engine.get_global_grad_norm() or 0.0)
 
     def lr(self) -> float:
-        return float(self.engine.get_lr()[0])
+        return float(self._engine.get_lr()[0])
 
     def save(self, root: Path, step: int, client_state: dict, *, keep_last: int, with_checksums: bool) -> Path:
         """Checkpoint `step` under `root` on every rank (a collective): the engine's state (with LoRA the trainable
@@ -190,11 +204,11 @@ class Policy:
         frozen = {"exclude_frozen_parameters": True} if self.settings.lora else {}
 
         def write_state(folder: Path) -> None:
-            self.engine.save_checkpoint(str(folder), tag=checkpoint.TAG, client_state=client_state,
+            self._engine.save_checkpoint(str(folder), tag=checkpoint.TAG, client_state=client_state,
                                         save_latest=False, **frozen)
             torch.save(rng_state(), checkpoint.rng_file(folder, dist.rank()))
 
-        meta = checkpoint.CheckpointMeta(step, dist.world_size(), self.engine.zero_optimization_stage(),
+        meta = checkpoint.CheckpointMeta(step, dist.world_size(), self._engine.zero_optimization_stage(),
                                          self.settings.lora)
         return checkpoint.save(root, meta, write_state, keep_last=keep_last, with_checksums=with_checksums)
 
@@ -202,12 +216,12 @@ class Policy:
         """Restore the engine (model, optimizer) and this rank's RNG states from checkpoint `path` (one whose manifest
         was verified: checkpoint.find_resume_dir); the client state saved with it."""
         checkpoint.check_resumable(path, checkpoint.read_meta(path), dist.world_size(),
-                                   self.engine.zero_optimization_stage(), self.settings.lora)
+                                   self._engine.zero_optimization_stage(), self.settings.lora)
         # read before DeepSpeed unpickles anything, so that a refused file stops the load early
         rng = load_rng(checkpoint.rng_file(path, dist.rank()))
         # no LR scheduler state: the learning rate follows from the rollout step (tokenpo.trainer.optim)
         frozen = {"load_module_strict": False} if self.settings.lora else {}  # the saved module lacks the frozen base
-        load_path, client_state = self.engine.load_checkpoint(str(path), tag=checkpoint.TAG, load_optimizer_states=True,
+        load_path, client_state = self._engine.load_checkpoint(str(path), tag=checkpoint.TAG, load_optimizer_states=True,
                                                               load_lr_scheduler_states=False, **frozen)
         if load_path is None:
             raise CheckpointError(f"checkpoint {path}: DeepSpeed could not load it (see its log above)")

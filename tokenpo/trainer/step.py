@@ -12,6 +12,8 @@ group, group-major), T the longest response; a micro-batch's `rows` index into N
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -21,7 +23,6 @@ import torch
 from tokenpo import algorithms as alg
 from tokenpo.algorithms.config import AlgorithmConfig, DynamicSamplingConfig
 from tokenpo.algorithms.entropy_control import EntropyCoef
-from tokenpo.config import TrainConfig
 from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
 from tokenpo.rewards import RewardConfig
@@ -34,6 +35,9 @@ from tokenpo.trainer.source import RolloutSource
 from tokenpo.trainer.rollouts import (StepRollouts, counted, dynamic_sampling_metrics, fill_batch, mixed_group_ids,
                                       rollout_batch, rollout_metrics)
 from tokenpo.trainer.timings import Timings
+
+if TYPE_CHECKING:
+    from tokenpo.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,7 @@ def train_step(step: int, lr: float, run: StepSettings, policy: Policy, source: 
     update = update_policy(run, policy, rollouts, timings, step, coef.value) if rollouts.examples else None
     metrics = update.metrics if update is not None else {"lr": lr}
     if health is not None:  # an update it held is applied or skipped here
-        metrics.update(health.check(step, metrics, policy.grad_norm))
+        metrics.update(health.check(step, metrics, policy))
     metrics["entropy/coef"] = coef.value
     # the controller reads the step's mean token entropy of the update passes (the rollout policy's with one
     # mini-batch); a step without an update measured none and leaves it

@@ -13,7 +13,6 @@ import os
 import sys
 from pathlib import Path
 
-from tokenpo.config import build_config
 from tokenpo.deepspeed.build_locks import check_build_locks
 from tokenpo.errors import ConfigError
 from tokenpo.trainer.identity import RunIdentity
@@ -24,6 +23,10 @@ LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
 
 def main(argv: list[str]) -> int:
+    # the process's own command: the whole config is built here, as tokenpo.train builds it (tokenpo.config composes
+    # every part's schema, this one's included, so the trainer's modules import it for types only)
+    from tokenpo.config import build_config
+
     die_with_launcher()
     run_dir = Path(argv[0])
     payload = json.loads((run_dir / RESOLVED).read_text())

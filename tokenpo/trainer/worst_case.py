@@ -10,6 +10,8 @@ step's gradients add to (x + 0 = x); and every random stream (CPU and CUDA) is r
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import logging
 import time
@@ -17,7 +19,6 @@ import time
 import torch
 
 from tokenpo import algorithms as alg
-from tokenpo.config import TrainConfig
 from tokenpo.data import Example
 from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
@@ -28,6 +29,9 @@ from tokenpo.rewards import RewardConfig
 from tokenpo.trainer.batch import RolloutBatch
 from tokenpo.trainer.rollouts import StepRollouts, rollout_batch
 from tokenpo.trainer.step import StepSettings, row_logprobs
+
+if TYPE_CHECKING:
+    from tokenpo.config import TrainConfig
 
 log = logging.getLogger("tokenpo")
 
