@@ -87,6 +87,18 @@ def test_a_run_stopped_with_rounds_in_flight_resumes_to_the_uninterrupted_metric
     assert resumed[3]["async/staleness"] == 2
 
 
+def test_a_finished_ahead_run_resumed_for_more_steps_samples_them_with_the_weights_it_has(tmp_path):
+    """Resumed from its last checkpoint with trainer.max_steps raised, a k = 1 run has nothing in flight, and the
+    version the schedule names for step 3's first round (1) is gone: the round is sampled by version 2, the one the
+    run holds; step 4's is as stale as the bound allows again."""
+    ahead = ["rollout.async.max_staleness=1", "trainer.save_every=1"]
+    first = run(tmp_path, "more", *ahead, "trainer.max_steps=2")
+    assert sorted(first) == [1, 2]
+    resumed = run(tmp_path, "more", *ahead, "trainer.max_steps=4")
+    assert sorted(resumed) == [1, 2, 3, 4]
+    assert [resumed[step]["async/staleness"] for step in (3, 4)] == [0.0, 1.0]
+
+
 def test_generating_in_turn_keeps_the_synchronous_path(tmp_path):
     metrics = run(tmp_path, "in_turn", "rollout.async.max_staleness=0")
     assert not [key for key in metrics[1] if key.startswith("async/")]
