@@ -33,14 +33,8 @@ class PlainEngine:
         self.max_grad_norm = trainer.max_grad_norm
         self.grad_norm = None
 
-    def __call__(self, *args, **kwargs):
-        # forward_in_engine sets this object's `forward` to the trainer's pass and calls the engine, as DeepSpeed's
-        # engine calls its module
-        return self.forward(*args, **kwargs)
-
-    def __getattr__(self, name):
-        # get_decoder / get_output_embeddings: the trainer's forward uses the model's own API
-        return getattr(self.module, name)
+    def __call__(self, *args, **kwargs):  # as DeepSpeed's engine calls its module (the update's pass)
+        return self.module(*args, **kwargs)
 
     def backward(self, loss, scale_wrt_gas=True):
         loss.backward()

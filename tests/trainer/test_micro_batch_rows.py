@@ -47,11 +47,8 @@ class RecordingEngine:
         self.module = module
         self.gradients: list[dict[str, torch.Tensor]] = []
 
-    def __call__(self, *args, **kwargs):  # forward_in_engine sets `forward` here and calls the engine, as DeepSpeed's
-        return self.forward(*args, **kwargs)
-
-    def __getattr__(self, name):  # the pass reaches the model's own API (get_decoder, ...) through the engine
-        return getattr(self.module, name)
+    def __call__(self, *args, **kwargs):  # as DeepSpeed's engine calls its module (the update's pass)
+        return self.module(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor, scale_wrt_gas: bool) -> None:
         loss.backward()

@@ -25,10 +25,10 @@ import torch
 from tokenpo import algorithms as alg
 from tokenpo.config import TrainConfig
 from tokenpo.deepspeed import dist
-from tokenpo.deepspeed.engine import build_policy_engine, build_reference, forward_in_engine, partitioned_loading
+from tokenpo.deepspeed.engine import build_policy_engine, build_reference, partitioned_loading
 from tokenpo.deepspeed.export import zero3_16bit_state_dict
 from tokenpo.models.loading import load_model
-from tokenpo.models.logprobs import PassTokens, response_logprobs
+from tokenpo.models.logprobs import PassOptions, PassTokens, with_response_pass
 from tokenpo.models.lora import adapters_disabled, save_merged_and_adapter
 from tokenpo.models.modes import no_dropout
 from tokenpo.trainer import checkpoint
@@ -64,12 +64,23 @@ class PolicySettings:
         return cls(cfg.rollout.temperature or 1.0, cfg.trainer.logit_chunk_tokens, cfg.trainer.recompute_head,
                    cfg.model.lora.settings(), cfg.trainer.pack_sequences, cfg.deepspeed.stage == 3 and world_size > 1)
 
+    def pass_options(self, *, with_entropy: bool, entropy_grad: bool = False,
+                     recompute_head: bool = False) -> PassOptions:
+        """A pass's options: these settings' and what the pass asks for."""
+        return PassOptions(self.pack_sequences, self.lockstep, self.temperature, self.chunk_tokens, with_entropy,
+                           entropy_grad, recompute_head)
+
 
 class Policy:
     """The trained model: its DeepSpeed engine, LoRA adapters, the KL reference, checkpoint state and export."""
 
     def __init__(self, engine, optimizer: torch.optim.Optimizer | None, reference: torch.nn.Module | None,
                  device: torch.device, settings: PolicySettings) -> None:
+        # the update's pass calls the engine, the no-grad passes the module (the reference its own), each the
+        # module's forward with the response pass (tokenpo.models.logprobs.with_response_pass)
+        with_response_pass(engine.module)
+        if reference is not None:
+            with_response_pass(reference)
         self.engine = engine  # rollout engines sync their weights from it
         self.optimizer = optimizer  # the torch optimizer inside the engine (the learning rate is set on its groups)
         self.device = device
@@ -102,16 +113,14 @@ class Policy:
         engine = build_policy_engine(model, optimizer, cfg.deepspeed, **sizes)
         return tokenizer, cls(engine, optimizer, reference, device, settings)
 
-    def _forward(self, model, tokens: GroupTokens, *, with_entropy: bool, entropy_grad: bool = False,
-                 recompute_head: bool = False, fed: PassTokens | None = None) -> TokenLogprobs:
+    def _forward(self, model, tokens: GroupTokens, options: PassOptions, fed: PassTokens | None) -> TokenLogprobs:
+        """`tokens`' response pass as `model`'s forward: the engine (which calls its module) or a module."""
         self.guard.flush()  # an update held for the step's health checks is applied before a pass reads the weights
-        logp, entropy = forward_in_engine(
-            model, response_logprobs, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids,
-            tokens.response_mask, prompt_index=tokens.prompt_index, packed=self.settings.pack_sequences,
-            lockstep=self.settings.lockstep, temperature=self.settings.temperature,
-            chunk_tokens=self.settings.chunk_tokens, with_entropy=with_entropy,
-            entropy_grad=entropy_grad, recompute_head=recompute_head, tokens=fed)
-        return TokenLogprobs(logp, entropy if with_entropy else None)
+        # the options by keyword: ZeRO-3's hooks look for tensors among a module's positional inputs, and warn about
+        # a type they cannot look into
+        logp, entropy = model(tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids, tokens.response_mask,
+                              prompt_index=tokens.prompt_index, response_pass=options, tokens=fed)
+        return TokenLogprobs(logp, entropy)
 
     def logprobs(self, tokens: GroupTokens, *, grad: bool, with_entropy: bool, entropy_grad: bool = False,
                  fed: PassTokens | None = None) -> TokenLogprobs:
@@ -120,15 +129,16 @@ class Policy:
         dropout on, the output layer recomputed in the backward per trainer.recompute_head; else without grad and
         without dropout (the old policy). `fed` counts the token positions the decoder ran."""
         if grad:
-            return self._forward(self.engine, tokens, with_entropy=with_entropy, entropy_grad=entropy_grad,
-                                 recompute_head=self.settings.recompute_head, fed=fed)
+            options = self.settings.pass_options(with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                                 recompute_head=self.settings.recompute_head)
+            return self._forward(self.engine, tokens, options, fed)
         with torch.no_grad(), no_dropout(self.module):
-            return self._forward(self.module, tokens, with_entropy=with_entropy, fed=fed)
+            return self._forward(self.module, tokens, self.settings.pass_options(with_entropy=with_entropy), fed)
 
     def reference_logprobs(self, tokens: GroupTokens) -> torch.Tensor:
         """[rows, T] log-probs under the KL reference, the initial policy, without grad."""
         with torch.no_grad(), no_dropout(self.module), self._reference_model() as reference:
-            return self._forward(reference, tokens, with_entropy=False).logp
+            return self._forward(reference, tokens, self.settings.pass_options(with_entropy=False), None).logp
 
     def _reference_model(self) -> contextlib.AbstractContextManager:
         """The frozen copy where one was built, else (LoRA) the policy's own module with its adapters switched off,
