@@ -12,6 +12,7 @@ import torch
 from support.config import ALGORITHM_NAMES, SMALL, compose_config
 from support.runs import fixed_rollouts, skewed_rollouts
 from tokenpo.models.loading import load_model
+from tokenpo.models.logprobs import with_response_pass
 from tokenpo.plan.memory import with_values
 from tokenpo.rewards import CORRECT, WRONG
 from tokenpo.trainer import worst_case
@@ -44,7 +45,7 @@ class RecordingEngine:
     """Stands in for the DeepSpeed engine: backward adds gradients up, step records them and takes an SGD step."""
 
     def __init__(self, module: torch.nn.Module) -> None:
-        self.module = module
+        self.module = with_response_pass(module)  # as Policy.build gives it the trainer's passes
         self.gradients: list[dict[str, torch.Tensor]] = []
 
     def __call__(self, *args, **kwargs):  # as DeepSpeed's engine calls its module (the update's pass)
@@ -89,7 +90,7 @@ def recorded_rows(monkeypatch) -> tuple[list[int], list[int]]:
 
 def recording_policy(cfg, engine: RecordingEngine, reference) -> Policy:
     """The Policy over the recording engine (no optimizer: the engine's step takes the SGD step)."""
-    return Policy(engine, None, reference, torch.device("cpu"), PolicySettings.from_config(cfg))
+    return Policy(engine, None, with_response_pass(reference), torch.device("cpu"), PolicySettings.from_config(cfg))
 
 
 def algorithm_setup(algorithm: str, overrides: list[str] = ()):

@@ -76,11 +76,7 @@ class Policy:
 
     def __init__(self, engine, optimizer: torch.optim.Optimizer | None, reference: torch.nn.Module | None,
                  device: torch.device, settings: PolicySettings) -> None:
-        # the update's pass calls the engine, the no-grad passes the module (the reference its own), each the
-        # module's forward with the response pass (tokenpo.models.logprobs.with_response_pass)
-        with_response_pass(engine.module)
-        if reference is not None:
-            with_response_pass(reference)
+        """`engine.module` and `reference` with the response pass as their forward (build() gives it them)."""
         self.engine = engine  # rollout engines sync their weights from it
         self.optimizer = optimizer  # the torch optimizer inside the engine (the learning rate is set on its groups)
         self.device = device
@@ -104,11 +100,14 @@ class Policy:
                      world_size=world_size)
         partitioned = partitioned_loading(cfg.deepspeed, **sizes)
         tokenizer, model = load_model(cfg.model, cfg.seed, partitioned)
+        # every pass is a call of the model's forward: the update's through the engine, the no-grad ones the module's
+        with_response_pass(model)
         reference = None
         if alg.needs_reference(cfg.algorithm) and settings.lora is None:
             reference = build_reference(model, cfg.deepspeed, **sizes,
                                         load_initial=lambda: load_model(cfg.model, cfg.seed, partitioned)[1])
-            reference.to(device)
+            # a copy has the pass already; under ZeRO-3 a second load has not
+            with_response_pass(reference).to(device)
         optimizer = build_optimizer(model, cfg.trainer)
         engine = build_policy_engine(model, optimizer, cfg.deepspeed, **sizes)
         return tokenizer, cls(engine, optimizer, reference, device, settings)
