@@ -411,7 +411,7 @@ def logprobs(sizes: Sizes, out: Path, work: Path) -> Findings:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tokenpo.algorithms.rollout_correction import sampler_mismatch
-    from tokenpo.models.logprobs import left_pad, response_logprobs
+    from tokenpo.models.logprobs import PassOptions, left_pad, response_logprobs
     from tokenpo.rollout.engine import SamplingParams
     from tokenpo.rollout.hf import generate_hf
 
@@ -436,7 +436,8 @@ def logprobs(sizes: Sizes, out: Path, work: Path) -> Findings:
         sampled = sampler_logprobs(model, ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0), tokens)
         # each prompt's G responses in a row, as the trainer lays a group out
         rows_prompt = torch.arange(len(prompts), device=sizes.device).repeat_interleave(g)
-        trained, _ = response_logprobs(model, ids, mask, tokens, real, prompt_index=rows_prompt, with_entropy=False)
+        trained, _ = response_logprobs(model, ids, mask, tokens, real, prompt_index=rows_prompt,
+                                       options=PassOptions(with_entropy=False))
     figures = {key: float(value) for key, value in sampler_mismatch(trained, sampled, real).items()}
     return Findings(True, f"{sizes.model_dtype}, {int(real.sum())} sampled tokens: "
                           + ", ".join(f"{k} {v:.3g}" for k, v in figures.items()), figures=figures)

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from support.config import compose_config
 from tokenpo.models.loading import load_model
+from tokenpo.models.logprobs import with_response_pass
 from tokenpo.trainer.optim import step_lr
 from tokenpo.trainer.policy import Policy, PolicySettings
 
@@ -27,20 +28,14 @@ class PlainEngine:
     """What DeepSpeed does for one process, in plain PyTorch: AdamW at rollout step 1's lr, global-norm clipping."""
 
     def __init__(self, model, trainer):
-        self.module = model
+        self.module = with_response_pass(model)  # as Policy.build gives it the trainer's passes
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=step_lr(1, trainer), betas=tuple(trainer.adam_betas),
                                            weight_decay=trainer.weight_decay)
         self.max_grad_norm = trainer.max_grad_norm
         self.grad_norm = None
 
-    def __call__(self, *args, **kwargs):
-        # forward_in_engine sets this object's `forward` to the trainer's pass and calls the engine, as DeepSpeed's
-        # engine calls its module
-        return self.forward(*args, **kwargs)
-
-    def __getattr__(self, name):
-        # get_decoder / get_output_embeddings: the trainer's forward uses the model's own API
-        return getattr(self.module, name)
+    def __call__(self, *args, **kwargs):  # as DeepSpeed's engine calls its module (the update's pass)
+        return self.module(*args, **kwargs)
 
     def backward(self, loss, scale_wrt_gas=True):
         loss.backward()
@@ -61,7 +56,7 @@ def plain_update(micro: str, algorithm: str = "grpo") -> tuple[dict, dict, list]
     """(metrics, weights, sample) after `algorithm`'s reference update on this process."""
     cfg, _ = compose_config(zero_ranks.update_overrides("zero0", micro, algorithm))
     tokenizer, model = load_model(cfg.model, cfg.seed)
-    reference = copy.deepcopy(model).eval().requires_grad_(False)
+    reference = with_response_pass(copy.deepcopy(model).eval().requires_grad_(False))
     policy = Policy(PlainEngine(model, cfg.trainer), None, reference, torch.device("cpu"),
                     PolicySettings.from_config(cfg))
     metrics = zero_ranks.fixed_update(cfg, policy, tokenizer)

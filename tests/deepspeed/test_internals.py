@@ -5,6 +5,8 @@ can go). One process (gloo), tiny models."""
 
 from __future__ import annotations
 
+from copy import deepcopy
+
 import deepspeed
 import pytest
 import torch
@@ -13,9 +15,10 @@ from support.runs import in_process_training
 
 from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.config import DeepSpeedConfig, engine_json
-from tokenpo.deepspeed.engine import build_policy_engine, forward_in_engine, gathered_for_generation
+from tokenpo.deepspeed.engine import build_policy_engine, gathered_for_generation
 from tokenpo.models.config import LoraConfig, ModelConfig, TinyConfig
 from tokenpo.models.loading import build_tiny_model
+from tokenpo.models.logprobs import PassOptions, response_logprobs, with_response_pass
 from tokenpo.models.lora import wrap_lora
 
 TINY = ModelConfig(name="tiny", source="tiny", tiny=TinyConfig(hidden_size=32, num_layers=2, num_heads=4,
@@ -58,11 +61,6 @@ TOKENS = torch.tensor([[1, 5, 9, 13, 17, 21], [2, 6, 10, 14, 18, 22]])
 
 def loss_of(model) -> torch.Tensor:
     return model(input_ids=TOKENS, labels=TOKENS).loss
-
-
-def loss_inside(module, tokens) -> torch.Tensor:
-    """For forward_in_engine: the loss through the model's class forward (the instance's forward is this function)."""
-    return type(module).forward(module, input_ids=tokens, labels=tokens).loss
 
 
 def gradient_norm(module) -> float:
@@ -143,42 +141,71 @@ def test_deepspeed_itself_reduces_the_gradients_of_one_process_unless_told_not_t
     assert allreduce_calls(engine) == 0
 
 
-# -- forward_in_engine: `fn` as the module's forward for one engine(...) call
+# -- the trainer's passes as the module's forward (with_response_pass): DeepSpeedEngine.forward calls self.module(...)
 
-def test_forward_in_engine_runs_fn_as_the_modules_forward_inside_the_engine():
-    engine = ours(tiny())
-    calls, hooks = [], []
+RESPONSES = torch.tensor([[3, 7, 11, 0], [4, 8, 0, 0]])
+RESPONSE_MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+
+
+def response_pass(model, options: PassOptions = PassOptions(with_entropy=False)) -> torch.Tensor:
+    """The log-probs of RESPONSES after TOKENS through `model` (an engine or a module), as the trainer calls it."""
+    logp, _ = model(TOKENS, torch.ones_like(TOKENS), RESPONSES, RESPONSE_MASK, response_pass=options)
+    return logp
+
+
+def test_the_response_pass_runs_as_the_modules_forward_inside_the_engine():
+    engine = ours(with_response_pass(tiny()))
+    hooks = []
     engine.module.register_forward_pre_hook(lambda module, args: hooks.append(1))
-
-    def fn(module, tokens):
-        calls.append(module)
-        return module.model(input_ids=tokens).last_hidden_state.sum()
-
-    out = forward_in_engine(engine, fn, TOKENS)
-    assert calls == [engine.module] and hooks == [1] and out.requires_grad
-    assert "forward" not in vars(engine.module)  # the class's forward is back
+    logp = response_pass(engine)
+    assert hooks == [1] and logp.requires_grad
+    direct, _ = response_logprobs(engine.module, TOKENS, torch.ones_like(TOKENS), RESPONSES, RESPONSE_MASK,
+                                  options=PassOptions(with_entropy=False))
+    assert torch.equal(logp, direct)
+    assert loss_of(engine).requires_grad  # any other call: the model class's forward
 
 
 def test_under_zero_3_micro_batches_through_the_engine_accumulate():
-    """What forward_in_engine is for: DeepSpeedEngine.forward counts the micro-step (ZeRO-3's micro_step_id), so the
-    second micro-batch's gradients add to the first one's instead of replacing them; calling the module directly
-    would not count it."""
-    engine = ours(tiny(), stage=3)
+    """Why the update's pass runs through the engine: DeepSpeedEngine.forward counts the micro-step (ZeRO-3's
+    micro_step_id), so the second micro-batch's gradients add to the first one's instead of replacing them; calling
+    the module directly would not count it."""
+    engine = ours(with_response_pass(tiny()), stage=3)
     steps = []
     for _ in range(2):
-        loss = forward_in_engine(engine, loss_inside, TOKENS)
-        engine.backward(loss, scale_wrt_gas=False)
+        engine.backward(response_pass(engine).sum(), scale_wrt_gas=False)
         steps.append(engine.optimizer.micro_step_id)
     assert steps == [0, 1]
     loss_of(engine.module).backward()  # the module alone: DeepSpeed's forward did not run
     assert engine.optimizer.micro_step_id == 1
 
 
+def test_under_zero_3_passes_without_grad_keep_the_trace_prefetch_follows():
+    """The no-grad passes call the module: its pre-forward hook restarts ZeRO-3's trace of the module order at each
+    pass, so that the trace, once recorded, stays complete (a pass that skipped it would run on from the previous
+    pass's position, invalidate the trace and leave DeepSpeed prefetching nothing)."""
+    engine = ours(with_response_pass(tiny()), stage=3)
+    coordinator = engine.optimizer.parameter_offload.get_param_coordinator()
+    with torch.no_grad():
+        for _ in range(3):  # recorded by the first, complete from the second on
+            response_pass(engine.module)
+    assert coordinator.is_complete_trace()
+
+
+def test_the_response_pass_is_installed_once_and_follows_a_deep_copy():
+    model = with_response_pass(tiny())
+    assert with_response_pass(model) is model  # again: a no-op
+    copy = with_response_pass(deepcopy(model))  # the KL reference: a copy runs its own weights
+    with torch.no_grad():
+        for p in copy.parameters():
+            p.zero_()
+        assert not torch.equal(response_pass(copy), response_pass(model))
+
+
 # -- gathered_for_generation: under ZeRO-3 the parameters whole and the per-module hooks off for a generation call
 
 def test_generation_under_zero_3_sees_the_whole_model_and_training_goes_on_after():
     engine = ours(tiny(), stage=3)
-    engine.backward(forward_in_engine(engine, loss_inside, TOKENS), scale_wrt_gas=False)
+    engine.backward(loss_of(engine), scale_wrt_gas=False)
     engine.step()
     offload = engine.optimizer.parameter_offload
     hooks = len(offload.forward_hooks), len(offload.backward_hooks)
@@ -191,7 +218,7 @@ def test_generation_under_zero_3_sees_the_whole_model_and_training_goes_on_after
     assert logits.shape == (*TOKENS.shape, VOCAB)
     assert (len(offload.forward_hooks), len(offload.backward_hooks)) == hooks  # put back
     assert any(p.numel() < p.ds_numel for p in engine.module.parameters())  # partitioned again
-    engine.backward(forward_in_engine(engine, loss_inside, TOKENS), scale_wrt_gas=False)
+    engine.backward(loss_of(engine), scale_wrt_gas=False)
     engine.step()
     assert engine.get_global_grad_norm() > 0
 

@@ -21,6 +21,7 @@ from support.runs import fixed_rollouts, train_run
 from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import build_policy_engine, build_reference, partitioned_loading
 from tokenpo.models.loading import load_model
+from tokenpo.models.logprobs import with_response_pass
 from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG
 from tokenpo.rollout.engine import SamplingParams, build_generator
 from tokenpo.trainer.optim import build_optimizer
@@ -86,8 +87,10 @@ def one_update(stage: str, micro: str, out: Path, algorithm: str = "grpo") -> No
     partitioned = partitioned_loading(cfg.deepspeed, **sizes)
     tokenizer, model = load_model(cfg.model, cfg.seed, partitioned)
     loaded_sharded = is_sharded(model)  # before any engine: ZeRO-3 loads partitioned
+    with_response_pass(model)  # as Policy.build gives the model and the reference the trainer's passes
     reference = build_reference(model, cfg.deepspeed, **sizes,
                                 load_initial=lambda: load_model(cfg.model, cfg.seed, partitioned)[1])
+    with_response_pass(reference)
     optimizer = build_optimizer(model, cfg.trainer)
     engine = build_policy_engine(model, optimizer, cfg.deepspeed, **sizes)
     policy = Policy(engine, optimizer, reference, dist.device(), PolicySettings.from_config(cfg, dist.world_size()))

@@ -7,7 +7,7 @@ import torch
 
 from support.logprobs import GROUP, PROMPT_INDEX, PROMPTS, RESPONSES, padded_batch
 from tokenpo.models.loading import enable_activation_checkpointing
-from tokenpo.models.logprobs import activation_checkpointing, left_pad, response_logprobs
+from tokenpo.models.logprobs import PassOptions, activation_checkpointing, left_pad, response_logprobs
 
 
 def reference(model, temperature=1.0, entropy_grad=False):
@@ -31,7 +31,7 @@ def reference(model, temperature=1.0, entropy_grad=False):
 
 
 def ours(model, **kwargs):
-    return response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, **kwargs)
+    return response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, options=PassOptions(**kwargs))
 
 
 @pytest.mark.parametrize("chunk_tokens", [1, 7, 1024])

@@ -1,19 +1,25 @@
-"""Padding-free packing (response_logprobs(packed=True), trainer.pack_sequences) and rows of several groups in any
+"""Padding-free packing (PassOptions(packed=True), trainer.pack_sequences) and rows of several groups in any
 order (prompt_index): log-probs, entropies and gradients equal the padded shared-prompt path's, with and without
-grad and activation checkpointing, an empty response included; the packed pass runs no padding position."""
+grad and activation checkpointing, an empty response included; the packed pass runs no padding position. Importing
+tokenpo.models.logprobs registers no attention function; the first packed pass registers its segment attention."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from support.env import REPO, cli_env
 from support.logprobs import PROMPT_INDEX, padded_batch
 from tokenpo.models.loading import enable_activation_checkpointing
-from tokenpo.models.logprobs import PassTokens, response_logprobs
+from tokenpo.models.logprobs import PassOptions, PassTokens, response_logprobs, segment_attention
 
 # fp32: the packed pass sums attention over other positions in another order than the padded one (measured up to
 # 2.9e-6 on log-probs of size ~2.5); test_logprobs allows the same against a plain forward
 ATOL = 1e-5
+PACKED = PassOptions(packed=True)
 
 
 def parameter_grads(model, logp, entropy):
@@ -32,8 +38,8 @@ def test_packed_rows_give_the_padded_paths_values_and_gradients(model, checkpoin
     results = []
     for packed in (False, True):
         with torch.set_grad_enabled(grad):
-            logp, entropy = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, packed=packed,
-                                              chunk_tokens=5, entropy_grad=grad)
+            logp, entropy = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX,
+                                              options=PassOptions(packed=packed, chunk_tokens=5, entropy_grad=grad))
         results.append((logp, entropy, parameter_grads(model, logp, entropy) if grad else {}))
     (padded_logp, padded_entropy, padded_grads), (logp, entropy, grads) = results
     torch.testing.assert_close(logp, padded_logp, atol=ATOL, rtol=0)
@@ -55,7 +61,7 @@ def test_rows_of_any_groups_in_any_order_read_their_own_prompt(model):
                                      prompt_index=PROMPT_INDEX)
         for packed in (False, True):
             some, _ = response_logprobs(model, prompt_ids, prompt_mask, response_ids[order], response_mask[order],
-                                        prompt_index=PROMPT_INDEX[order], packed=packed)
+                                        prompt_index=PROMPT_INDEX[order], options=PassOptions(packed=packed))
             torch.testing.assert_close(some, whole[order, : some.shape[1]], atol=ATOL, rtol=0)
 
 
@@ -66,9 +72,9 @@ def test_the_packed_pass_runs_no_padding_and_the_padded_one_counts_its_own(model
     responses = int((lengths - 1)[lengths > 0].sum())  # every response but its last token
     packed, rows, padded = PassTokens(), PassTokens(), PassTokens()
     with torch.no_grad():
-        response_logprobs(model, *batch, prompt_index=PROMPT_INDEX, packed=True, tokens=packed)
+        response_logprobs(model, *batch, prompt_index=PROMPT_INDEX, options=PACKED, tokens=packed)
         model.config._attn_implementation = "eager"  # rows each with its prompt
-        response_logprobs(model, *batch, prompt_index=PROMPT_INDEX, packed=True, tokens=rows)
+        response_logprobs(model, *batch, prompt_index=PROMPT_INDEX, options=PACKED, tokens=rows)
         model.config._attn_implementation = "sdpa"
         response_logprobs(model, *batch, prompt_index=PROMPT_INDEX, tokens=padded)
     assert packed.fed == packed.real == int(batch[1].sum()) + responses  # sdpa: each prompt once
@@ -85,7 +91,7 @@ def test_packing_keeps_attention_inside_each_row_under_sdpa_and_eager(model, att
     model.config._attn_implementation = attention
     with torch.no_grad():
         padded, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX)
-        packed, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, packed=True)
+        packed, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, options=PACKED)
     # a row that attended to the rows before it in the packed sequence would differ
     torch.testing.assert_close(packed, padded, atol=ATOL, rtol=0)
 
@@ -104,7 +110,8 @@ def test_a_packed_pass_calls_the_decoder_once_whatever_the_lengths(model, monkey
         bucketed, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX)
         buckets = len(calls)
         calls.clear()
-        once, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, packed=True, lockstep=True)
+        once, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX,
+                                    options=PassOptions(packed=True, lockstep=True))
     assert buckets == 2 and len(calls) == 1  # the buckets: the prompts, then the responses over their cache
     torch.testing.assert_close(once, bucketed, atol=ATOL, rtol=0)
     # no token to predict at all: still one call, so every rank makes the same collectives
@@ -112,7 +119,7 @@ def test_a_packed_pass_calls_the_decoder_once_whatever_the_lengths(model, monkey
     prompt_ids, prompt_mask, response_ids, response_mask = padded_batch()
     with torch.no_grad():
         response_logprobs(model, prompt_ids, prompt_mask, response_ids[4:5], response_mask[4:5],
-                          prompt_index=PROMPT_INDEX[4:5], packed=True, lockstep=True)
+                          prompt_index=PROMPT_INDEX[4:5], options=PassOptions(packed=True, lockstep=True))
     assert len(calls) == 1
 
 
@@ -130,14 +137,15 @@ def test_in_lockstep_a_rank_runs_as_many_buckets_and_head_chunks_as_its_peers_an
     head_forward = head.forward
     monkeypatch.setattr(head, "forward", lambda hidden: heads.append(len(hidden)) or head_forward(hidden))
     with torch.set_grad_enabled(grad):
-        alone, alone_entropy = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, chunk_tokens=5)
+        alone, alone_entropy = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX,
+                                                 options=PassOptions(chunk_tokens=5))
         alone_grads = parameter_grads(model, alone, alone_entropy) if grad else {}
         own_calls, own_heads = len(calls), list(heads)
         calls.clear(), heads.clear()
         peers = iter([4, 5])  # the buckets' count, then the head chunks'
         monkeypatch.setattr(logprobs, "agreed_count", lambda count, lockstep, device: max(count, next(peers)))
-        logp, entropy = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, chunk_tokens=5,
-                                          lockstep=True)
+        logp, entropy = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX,
+                                          options=PassOptions(chunk_tokens=5, lockstep=True))
         grads = parameter_grads(model, logp, entropy) if grad else {}
     # the prompts and 1 bucket; 16 response tokens in chunks of 5
     assert own_calls == 2 and own_heads == [5, 5, 5, 1]
@@ -171,7 +179,7 @@ def test_under_flash_attention_a_packed_pass_hands_over_the_rows_boundaries(mode
     with torch.no_grad():
         padded, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX)
         model.config._attn_implementation = "flash_attention_2"
-        packed, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, packed=True)
+        packed, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, options=PACKED)
         model.config._attn_implementation = "sdpa"
     torch.testing.assert_close(packed, padded, atol=ATOL, rtol=0)
     # each non-empty row is its prompt (5 or 2 tokens) and its response but the last token, 2 layers
@@ -181,3 +189,28 @@ def test_under_flash_attention_a_packed_pass_hands_over_the_rows_boundaries(mode
     for row in rows:
         starts.append(starts[-1] + row)
     assert received == [(starts, max(rows))] * 2
+
+
+def test_importing_the_module_registers_no_attention_function():
+    """segment_attention is registered by a packed pass, not as a side effect of importing tokenpo.models.logprobs (a
+    fresh interpreter: this one has imported it already)."""
+    script = ("from transformers import AttentionInterface\n"
+              "from transformers.integrations.sdpa_attention import sdpa_attention_forward\n"
+              "before = dict(AttentionInterface._global_mapping)\n"
+              "import tokenpo.models.logprobs\n"
+              "assert AttentionInterface._global_mapping == before\n"
+              "assert AttentionInterface()['sdpa'] is sdpa_attention_forward\n")
+    subprocess.run([sys.executable, "-c", script], cwd=REPO, env=cli_env(), check=True, timeout=300)
+
+
+def test_a_packed_pass_registers_its_attention_and_matches_the_padded_pass(model, monkeypatch):
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", sdpa_attention_forward)  # as on import
+    with torch.no_grad():
+        padded, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX)
+        assert AttentionInterface()["sdpa"] is sdpa_attention_forward  # an unpacked pass registers nothing
+        packed, _ = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, options=PACKED)
+    assert AttentionInterface()["sdpa"] is segment_attention
+    torch.testing.assert_close(packed, padded, atol=ATOL, rtol=0)

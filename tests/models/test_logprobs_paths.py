@@ -10,7 +10,7 @@ import pytest
 import torch
 from support.logprobs import PROMPT_INDEX, padded_batch
 
-from tokenpo.models.logprobs import response_logprobs, response_token_hidden_states, token_entropy
+from tokenpo.models.logprobs import PassOptions, response_logprobs, response_token_hidden_states, token_entropy
 
 TEMPERATURE = 0.7
 
@@ -54,9 +54,10 @@ def test_every_flag_combination_is_the_plain_path_bitwise(model, chunk_tokens, w
                                                           entropy_grad, recompute_head, grad):
     want_logp, want_entropy = plain(model, chunk_tokens)
     with torch.set_grad_enabled(grad):
-        logp, entropy = response_logprobs(model, *padded_batch(), prompt_index=PROMPT_INDEX, temperature=TEMPERATURE,
-                                          chunk_tokens=chunk_tokens, with_entropy=with_entropy,
-                                          entropy_grad=entropy_grad, recompute_head=recompute_head)
+        logp, entropy = response_logprobs(
+            model, *padded_batch(), prompt_index=PROMPT_INDEX,
+            options=PassOptions(temperature=TEMPERATURE, chunk_tokens=chunk_tokens, with_entropy=with_entropy,
+                                entropy_grad=entropy_grad, recompute_head=recompute_head))
     assert torch.equal(logp, want_logp.detach())
     assert logp.requires_grad == grad
     if not with_entropy:

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from tokenpo.errors import ConfigError
 from tokenpo.models.config import LoraConfig, ModelConfig, TinyConfig, model_config_from_dict
 from tokenpo.models.loading import build_tiny_model, enable_activation_checkpointing
-from tokenpo.models.logprobs import response_logprobs
+from tokenpo.models.logprobs import PassOptions, response_logprobs
 from tokenpo.models.lora import (adapters_disabled, check_targets_before_loading, lora_scaling, merged_state_dict,
                                   merged_weight, wrap_lora)
 from tokenpo.rollout.engine import SamplingParams
@@ -51,7 +51,8 @@ def batch():
 
 
 def logprobs(model, **kwargs):
-    return response_logprobs(model, *batch(), prompt_index=torch.arange(len(RESPONSES)) // GROUP, **kwargs)
+    return response_logprobs(model, *batch(), prompt_index=torch.arange(len(RESPONSES)) // GROUP,
+                             options=PassOptions(**kwargs))
 
 
 def train_adapters(model, seed: int = 3) -> None:

@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tokenpo.models.loading import enable_activation_checkpointing
-from tokenpo.models.logprobs import response_logprobs
+from tokenpo.models.logprobs import PassOptions, response_logprobs
 from tokenpo.plan import parts as P
 from tokenpo.plan.architecture import Architecture
 
@@ -43,8 +43,8 @@ def saved_bytes(dtype: torch.dtype, checkpointing: bool, packed: bool = False) -
     response = torch.randint(3, VOCAB, (GROUPS * GROUP_SIZE, RESPONSE))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         response_logprobs(model, prompt, torch.ones_like(prompt), response, torch.ones_like(response),
-                          prompt_index=torch.arange(GROUPS * GROUP_SIZE) // GROUP_SIZE, packed=packed,
-                          with_entropy=False)
+                          prompt_index=torch.arange(GROUPS * GROUP_SIZE) // GROUP_SIZE,
+                          options=PassOptions(packed=packed, with_entropy=False))
     head = GROUPS * GROUP_SIZE * RESPONSE * (VOCAB * P.FP32 + HIDDEN * dtype.itemsize)
     return sum(storages.values()), head
 

@@ -26,7 +26,7 @@ from tokenpo.evaluation.benchmark import stop_token_ids  # noqa: E402
 from tokenpo.models.config import LoraConfig  # noqa: E402
 from tokenpo.models.loading import load_model  # noqa: E402
 from tokenpo.models.lora import wrap_lora  # noqa: E402
-from tokenpo.models.logprobs import response_logprobs  # noqa: E402
+from tokenpo.models.logprobs import PassOptions, response_logprobs  # noqa: E402
 from tokenpo.rollout import Published, SamplingParams, build_generator  # noqa: E402
 from tokenpo.rollout.config import RolloutConfig  # noqa: E402
 from tokenpo.models.weight_stream import policy_weights  # noqa: E402
@@ -68,7 +68,8 @@ def trainer_logprobs(model, tokenizer, prompts, responses, group_size):
     tokens = pad_groups(prompts, responses, tokenizer.pad_token_id, torch.device("cpu"))
     with torch.no_grad():
         logp, _ = response_logprobs(model, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids,
-                                    tokens.response_mask, prompt_index=tokens.prompt_index, with_entropy=False)
+                                    tokens.response_mask, prompt_index=tokens.prompt_index,
+                                    options=PassOptions(with_entropy=False))
     return [logp[row, : len(response)] for row, response in enumerate(responses)]
 
 
@@ -115,7 +116,8 @@ def updates_keep_the_engine_in_sync(engine, policy, optimizer, tokenizer, prompt
         assert max_logprob_gap(policy, tokenizer, prompts, out, GROUP) < LOGP_TOLERANCE
         tokens = pad_groups(prompts, out.token_ids, tokenizer.pad_token_id, torch.device("cpu"))
         logp, _ = response_logprobs(policy, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids,
-                                    tokens.response_mask, prompt_index=tokens.prompt_index, with_entropy=False)
+                                    tokens.response_mask, prompt_index=tokens.prompt_index,
+                                    options=PassOptions(with_entropy=False))
         advantages = torch.randn(len(out.token_ids), 1, generator=torch.Generator().manual_seed(update))
         loss = -(logp * advantages * tokens.response_mask).sum() / tokens.response_mask.sum()
         optimizer.zero_grad()

@@ -12,6 +12,7 @@ import torch
 from support.config import ALGORITHM_NAMES, SMALL, compose_config
 from support.runs import fixed_rollouts, skewed_rollouts
 from tokenpo.models.loading import load_model
+from tokenpo.models.logprobs import with_response_pass
 from tokenpo.plan.memory import with_values
 from tokenpo.rewards import CORRECT, WRONG
 from tokenpo.trainer import worst_case
@@ -45,14 +46,11 @@ class RecordingEngine:
     """Stands in for the DeepSpeed engine: backward adds gradients up, step records them and takes an SGD step."""
 
     def __init__(self, module: torch.nn.Module) -> None:
-        self.module = module
+        self.module = with_response_pass(module)  # as Policy.build gives it the trainer's passes
         self.gradients: list[dict[str, torch.Tensor]] = []
 
-    def __call__(self, *args, **kwargs):  # forward_in_engine sets `forward` here and calls the engine, as DeepSpeed's
-        return self.forward(*args, **kwargs)
-
-    def __getattr__(self, name):  # the pass reaches the model's own API (get_decoder, ...) through the engine
-        return getattr(self.module, name)
+    def __call__(self, *args, **kwargs):  # as DeepSpeed's engine calls its module (the update's pass)
+        return self.module(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor, scale_wrt_gas: bool) -> None:
         loss.backward()
@@ -93,7 +91,7 @@ def recorded_rows(monkeypatch) -> tuple[list[int], list[int]]:
 
 def recording_policy(cfg, engine: RecordingEngine, reference) -> Policy:
     """The Policy over the recording engine (no optimizer: the engine's step takes the SGD step)."""
-    return Policy(engine, None, reference, torch.device("cpu"), PolicySettings.from_config(cfg))
+    return Policy(engine, None, with_response_pass(reference), torch.device("cpu"), PolicySettings.from_config(cfg))
 
 
 def algorithm_setup(algorithm: str, overrides: list[str] = ()):

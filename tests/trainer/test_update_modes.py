@@ -15,13 +15,13 @@ from tokenpo.trainer import policy
 @pytest.mark.e2e
 def test_old_and_reference_log_probs_without_dropout_the_update_with_it(tmp_path, monkeypatch):
     passes = []  # (grad enabled, module in train mode) per forward of the step
-    forward_in_engine = policy.forward_in_engine
+    forward = policy.Policy._forward
 
-    def spy(model, *args, **kwargs):
+    def spy(self, model, *args):
         passes.append((torch.is_grad_enabled(), getattr(model, "module", model).training))
-        return forward_in_engine(model, *args, **kwargs)
+        return forward(self, model, *args)
 
-    monkeypatch.setattr(policy, "forward_in_engine", spy)
+    monkeypatch.setattr(policy.Policy, "_forward", spy)
     with in_process_training():
         train_run(tmp_path / "run", SMALL + ["model.lora.rank=2", "model.lora.dropout=0.5", "trainer.mini_batches=2",
                                              "trainer.max_steps=2", "eval.before_training=false",

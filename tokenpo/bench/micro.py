@@ -73,7 +73,7 @@ def step_rollout(settings: BenchSettings):
 def logprob_timings(settings: BenchSettings, repeats: int = 2) -> dict:
     """Seconds of tokenpo's response_logprobs vs the plain pass on one micro-batch of real rollouts:
     no-grad (the reference pass) and forward + backward (the update)."""
-    from tokenpo.models.logprobs import response_logprobs
+    from tokenpo.models.logprobs import PassOptions, response_logprobs
     from tokenpo.trainer.batch import pad_groups
 
     model, tokenizer, cfg, prompts, responses = step_rollout(settings)
@@ -83,7 +83,7 @@ def logprob_timings(settings: BenchSettings, repeats: int = 2) -> dict:
     args = (model, t.prompt_ids, t.prompt_mask, t.response_ids, t.response_mask)
 
     def tokenpo_pass():
-        return response_logprobs(*args, group_size=settings.group_size, with_entropy=False)[0]
+        return response_logprobs(*args, prompt_index=t.prompt_index, options=PassOptions(with_entropy=False))[0]
 
     def plain_pass():
         return plain_response_logprobs(*args, group_size=settings.group_size)

@@ -4,8 +4,9 @@ The DeepSpeed internals patched or read here are these, each for a reason its co
 installed DeepSpeed by tests/deepspeed/test_internals.py (which fails when DeepSpeed renames or changes one, and when
 DeepSpeed starts doing itself what a patch does): `DeepSpeedEngine.clip_fp32_gradients` (_record_grad_norm),
 `DeepSpeedEngine.module_state_dict` (_frozen_left_out_of_checkpoints), the `enable_backward_allreduce` flag
-(build_policy_engine), `DeepSpeedEngine.forward` calling `self.module(...)` (forward_in_engine) and the parameters'
-`ds_active_sub_modules` (gathered_for_generation). All hold in DeepSpeed 0.19.5 to 0.19.8 (read in their sources),
+(build_policy_engine), `DeepSpeedEngine.forward` calling `self.module(...)` (the trainer's passes run as the module's
+forward: tokenpo.models.logprobs.with_response_pass) and the parameters' `ds_active_sub_modules`
+(gathered_for_generation). All hold in DeepSpeed 0.19.5 to 0.19.8 (read in their sources),
 the range tokenpo.versions accepts (>=0.19.5,<0.20).
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -72,29 +72,6 @@ def _frozen_left_out_of_checkpoints(engine) -> None:
         return state
 
     engine.module_state_dict = trainable_only
-
-
-def forward_in_engine(model, fn, *args, **kwargs):
-    """`fn(module, *args, **kwargs)` run as `module`'s forward: for a DeepSpeed engine inside `engine(...)`, for a plain
-    module (a no-grad pass, the ZeRO-3 reference) through `module(...)`.
-
-    The trainer's passes call the decoder and chunks of the output layer themselves (vocabulary-sized logits never
-    exist for all tokens at once) instead of the model's forward. DeepSpeed keeps per-micro-batch state in
-    `DeepSpeedEngine.forward` and in the hooks it puts on the module and on the outputs: ZeRO's backward bookkeeping,
-    under ZeRO-3 the micro-step counter without which a micro-batch's gradients overwrite the previous ones instead of
-    adding up, and the top-level module's pre-forward hook that starts ZeRO-3's trace of the module order anew (a pass
-    that skipped it would run on from the previous pass's position in the trace, invalidate it, and leave DeepSpeed
-    prefetching nothing). DeepSpeed has no call for "run this function as the forward", so `fn` stands in for the
-    module's forward for one call: `DeepSpeedEngine.forward` calls `self.module(...)`, and nn.Module.__call__ runs
-    every hook around it.
-    """
-    module = model.module if isinstance(model, deepspeed.DeepSpeedEngine) else model
-    # an instance attribute shadows the class's forward
-    module.forward = functools.partial(fn, module)
-    try:
-        return model(*args, **kwargs)
-    finally:
-        del module.forward
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,15 @@ Three savings over pushing every (prompt + response) row through the whole model
 - the output layer, log-softmax and entropy run only on real response positions, `chunk_tokens` rows at
   a time, so a full-vocabulary fp32 tensor is never materialised for the whole batch.
 
-`packed=True` (trainer.pack_sequences) instead concatenates the micro-batch into one sequence, no padding at all.
-Under `sdpa` each prompt runs once, followed by its rows' responses, each attending to its prompt and to itself
-(`segment_attention`, registered with transformers' AttentionInterface as `sdpa`: never an [S, S] mask over the whole
-pass, which SDPA would also convert to the training dtype in every layer). Under eager or flash-attention each row
-carries its own prompt, positions restarting per row, and the attention stays inside each row (transformers'
-block-diagonal mask from the position ids for eager, flash-attention's varlen path).
+`packed` (PassOptions; trainer.pack_sequences) instead concatenates the micro-batch into one sequence, no padding at
+all. Under `sdpa` each prompt runs once, followed by its rows' responses, each attending to its prompt and to itself
+(`segment_attention`, registered with transformers' AttentionInterface as `sdpa` by the first packed pass, not on
+import: never an [S, S] mask over the whole pass, which SDPA would also convert to the training dtype in every
+layer). Under eager or flash-attention each row carries its own prompt, positions restarting per row, and the
+attention stays inside each row (transformers' block-diagonal mask from the position ids for eager, flash-attention's
+varlen path).
 
-`lockstep=True` (ZeRO-3 on several processes) makes every rank call the same modules in the same order whatever its
+`lockstep` (ZeRO-3 on several processes) makes every rank call the same modules in the same order whatever its
 lengths: under ZeRO-3 every call of a partitioned module gathers its parameters with collectives, in the forward and
 again in the backward, so a rank that calls a module once more than another, or in another order, waits for it until
 the process group's timeout (DeepSpeed issue #7998). The passes whose call count depends on the lengths run as many
@@ -26,6 +27,9 @@ not (a bucket past a rank's own runs its first row and keeps nothing; a bucket o
 too; a chunk past a rank's tokens is empty), so that the graphs differ in sizes only and the backward, which follows
 the graph, meets the modules in the same order. Packed passes and passes under activation checkpointing call the
 decoder once whatever the lengths.
+
+The trainer runs a pass as the model's forward (`with_response_pass`), so that DeepSpeed's engine and hooks run
+around it as around any forward.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -131,9 +136,13 @@ def segment_attention(module, query, key, value, attention_mask, dropout: float 
     return torch.cat(parts, 2).transpose(1, 2).contiguous(), None
 
 
-# registered as `sdpa` itself: the same function without `packed_groups`, so no model config changes (a checkpointed
-# layer recomputes with the keyword arguments of its forward, and every other caller is unaffected)
-AttentionInterface.register("sdpa", segment_attention)
+def register_segment_attention() -> None:
+    """`segment_attention` registered with transformers' AttentionInterface as `sdpa` itself: the same function
+    without `packed_groups`, so no model config changes (a checkpointed layer recomputes with the keyword arguments of
+    its forward, and every other caller is unaffected). Process-wide, so done by the first packed pass that needs it
+    (not on import); again is a no-op."""
+    if AttentionInterface()["sdpa"] is not segment_attention:
+        AttentionInterface.register("sdpa", segment_attention)
 
 
 @dataclass
@@ -147,6 +156,24 @@ class PassTokens:
     def add(self, fed: int, real: int) -> None:
         self.fed += int(fed)
         self.real += int(real)
+
+
+@dataclass(frozen=True)
+class PassOptions:
+    """How `response_logprobs` runs a pass (the trainer's from PolicySettings and the pass's kind)."""
+
+    packed: bool = False  # one padding-free sequence per micro-batch (trainer.pack_sequences)
+    # the same decoder and output-layer calls on every rank of the process group (module docstring)
+    lockstep: bool = False
+    temperature: float = 1.0  # log-probs and entropy of logits / temperature
+    chunk_tokens: int = 1024  # output-layer rows computed at a time
+    with_entropy: bool = True
+    # the entropy differentiable through each head chunk's full softmax (an entropy-regularised loss); else a value
+    # only, for which autograd keeps nothing
+    entropy_grad: bool = False
+    # each head chunk re-run in the backward instead of keeping its logits: about 1/3 more head FLOPs for O(chunk)
+    # instead of O(tokens x vocab) memory (150k vocabularies); with entropy_grad its entropy is recomputed with it
+    recompute_head: bool = False
 
 
 @dataclass(frozen=True)
@@ -334,6 +361,7 @@ def _packed_hidden(decoder, prompt_ids, prompt_mask, response_ids, response_mask
         pieces, positions, layout = [prompt_ids[0, -1:]], [torch.zeros(1, dtype=torch.long)], [PackedGroup(1, ())]
     tokens.add(offset, offset)
     if shared:
+        register_segment_attention()
         extra = {"packed_groups": layout}
     elif is_flash_attention(decoder.config._attn_implementation):
         extra = varlen_kwargs([len(piece) for piece in pieces], response_ids.device)
@@ -359,7 +387,7 @@ def varlen_kwargs(pieces: list[int], device: torch.device) -> dict:
 
 
 def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, response_mask,
-                                 prompt_index: torch.Tensor, *, packed: bool = False, lockstep: bool = False,
+                                 prompt_index: torch.Tensor, options: PassOptions = PassOptions(),
                                  tokens: PassTokens | None = None):
     """(hidden [N, H], rows [N], cols [N]): the hidden state predicting each real response token (row, col).
 
@@ -367,12 +395,12 @@ def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, r
     group's rows share one: a whole group's, a slice of it, or the rows of it a token-budget micro-batch holds).
     Each prompt runs once and its KV cache serves its rows; gradients flow back through the shared prompt. Responses
     run in buckets of similar length (length_buckets), so short answers are not padded to the longest one of the
-    batch. `packed`: one padding-free pass instead; `lockstep`: as many bucket calls as the process group's rank with
-    the most (module docstring). `tokens` counts the positions fed (an idle call's token is not one).
+    batch. `options.packed`: one padding-free pass instead; `options.lockstep`: as many bucket calls as the process
+    group's rank with the most (module docstring). `tokens` counts the positions fed (an idle call's token is not one).
     """
     tokens = PassTokens() if tokens is None else tokens
     prompt_index = prompt_index.to(response_ids.device)
-    if packed:
+    if options.packed:
         return _packed_hidden(model.get_decoder(), prompt_ids, prompt_mask, response_ids, response_mask, prompt_index,
                               tokens)
     if activation_checkpointing(model) and torch.is_grad_enabled():
@@ -386,9 +414,28 @@ def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, r
     prompt_last = decoder(input_ids=prompt_ids, attention_mask=prompt_mask,
                           position_ids=position_ids_from_mask(prompt_mask), **kv_cache(decoder, cache),
                           use_cache=True).last_hidden_state[:, -1]
-    prompt_kv = [(keys, values) for keys, values, *_ in cache]
+    prompt = PromptPass(prompt_last, [(keys, values) for keys, values, *_ in cache], prompt_mask, prompt_index)
     # embedded once for all buckets: each embedding lookup's backward writes a vocabulary-sized gradient
     response_embeds = model.get_input_embeddings()(response_ids)
+    return _bucketed_hidden(decoder, prompt, response_embeds, response_mask, options.lockstep, tokens)
+
+
+@dataclass(frozen=True)
+class PromptPass:
+    """What the bucketed pass keeps of its prompts' decoder call: each prompt's last hidden state [p, H] (it predicts
+    response token 0), its KV cache (per layer keys and values [p, kv heads, P, d]) and mask [p, P], and each row's
+    prompt (`index` [B])."""
+
+    last: torch.Tensor
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    mask: torch.Tensor
+    index: torch.Tensor
+
+
+def _bucketed_hidden(decoder, prompt: PromptPass, response_embeds, response_mask, lockstep: bool,
+                     tokens: PassTokens):
+    """(hidden [N, H], rows [N], cols [N]) of the responses run in buckets of similar length after their prompts;
+    `lockstep`: as many bucket calls as the process group's rank with the most."""
     real = response_mask.bool()
     # a row's length is its last real position + 1
     lengths = (real * torch.arange(1, real.shape[1] + 1, device=real.device)).amax(1).tolist()
@@ -399,16 +446,16 @@ def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, r
         bucket = buckets[index] if index < len(buckets) else [0]
         length = max(lengths[row] for row in bucket) if index < len(buckets) else 0
         rows = torch.tensor(bucket, device=real.device)
-        prompts = prompt_index[rows]
+        prompts = prompt.index[rows]
         if length == 1 and not lockstep:  # predicted by the prompts' last positions: no decoder call
-            hidden = per_row(prompt_last, prompts)[:, None]
+            hidden = per_row(prompt.last, prompts)[:, None]
         else:
             # in lockstep every bucket runs the same operations on every rank, one-token answers and the buckets past
             # this rank's included (on at least one token, kept or not), so that the backward meets the modules in the
             # same order on every rank
-            hidden = _bucket_hidden(decoder, per_row(prompt_last, prompts),
-                                    [(per_row(k, prompts), per_row(v, prompts)) for k, v in prompt_kv],
-                                    prompt_mask[prompts], response_embeds, response_mask, rows, max(length, 2))
+            hidden = _bucket_hidden(decoder, per_row(prompt.last, prompts),
+                                    [(per_row(k, prompts), per_row(v, prompts)) for k, v in prompt.kv],
+                                    prompt.mask[prompts], response_embeds, response_mask, rows, max(length, 2))
             if length > 1:  # the positions fed for this rank's answers (not the lockstep ones)
                 fed = response_mask[rows, : length - 1]
                 tokens.add(fed.numel(), fed.sum())
@@ -418,50 +465,65 @@ def response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids, r
         row_parts.append(rows[bucket_rows])
         col_parts.append(cols)
     if not hidden_parts:
-        empty = response_ids.new_zeros(0)
-        return prompt_last.new_zeros(0, prompt_last.shape[-1]), empty, empty
+        empty = response_mask.new_zeros(0, dtype=torch.long)
+        return prompt.last.new_zeros(0, prompt.last.shape[-1]), empty, empty
     return torch.cat(hidden_parts), torch.cat(row_parts), torch.cat(col_parts)
 
 
-def response_logprobs(
-    model,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    response_ids: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    prompt_index: torch.Tensor | None = None,
-    packed: bool = False,
-    lockstep: bool = False,
-    temperature: float = 1.0,
-    chunk_tokens: int = 1024,
-    with_entropy: bool = True,
-    entropy_grad: bool = False,
-    recompute_head: bool = False,
-    tokens: PassTokens | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [B, T] (differentiable when grad is enabled) and entropy [B, T] of responses.
+def response_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,
+                      response_mask: torch.Tensor, *, prompt_index: torch.Tensor | None = None,
+                      options: PassOptions = PassOptions(),
+                      tokens: PassTokens | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [B, T] (differentiable when grad is enabled) and entropy [B, T] (None without
+    `options.with_entropy`) of responses.
 
     `response_mask` [B, T] marks real response tokens; other positions get 0. `prompt_index` [B]: each row's prompt
-    (None: one prompt per row); `packed`, `tokens`: as response_token_hidden_states; `lockstep`: the same calls of
-    the decoder and the output layer on every rank of the process group (module docstring).
-    The entropy is detached unless `entropy_grad` (an entropy-regularised loss): then it is differentiable
-    too, through the full softmax of each head chunk; otherwise no graph is kept for it.
-    `recompute_head` re-runs each head chunk in the backward pass instead of keeping its logits
-    (about 1/3 more head FLOPs for O(chunk) instead of O(tokens x vocab) memory; for 150k vocabularies);
-    with `entropy_grad` the chunk's entropy is recomputed with it, so its gradient stays exact.
+    (None: one prompt per row); `tokens`: as response_token_hidden_states; `options`: PassOptions. A tuple, not a
+    dataclass: DeepSpeed finds the tensors of a module's output in tuples (its backward hooks go on them).
     """
     if prompt_index is None:
         prompt_index = torch.arange(response_ids.shape[0])
     flat_hidden, rows, cols = response_token_hidden_states(model, prompt_ids, prompt_mask, response_ids,
-                                                           response_mask, prompt_index, packed=packed,
-                                                           lockstep=lockstep, tokens=tokens)
+                                                           response_mask, prompt_index, options, tokens)
     flat_targets = response_ids[rows, cols]
     head = model.get_output_embeddings()
-    chunk_head = chunk_head_function(with_entropy, entropy_grad, recompute_head, torch.is_grad_enabled())
-    chunks = [chunk_head(head, flat_hidden[part], flat_targets[part], temperature)
-              for part in head_chunks(flat_hidden.shape[0], chunk_tokens, lockstep, flat_hidden.device)]
+    chunk_head = chunk_head_function(options.with_entropy, options.entropy_grad, options.recompute_head,
+                                     torch.is_grad_enabled())
+    chunks = [chunk_head(head, flat_hidden[part], flat_targets[part], options.temperature)
+              for part in head_chunks(flat_hidden.shape[0], options.chunk_tokens, options.lockstep,
+                                      flat_hidden.device)]
     logp = _scatter([c.logp for c in chunks], rows, cols, response_mask.shape, flat_hidden.device)
-    if not with_entropy:
+    if not options.with_entropy:
         return logp, None
     return logp, _scatter([c.entropy for c in chunks], rows, cols, response_mask.shape, flat_hidden.device)
+
+
+def with_response_pass(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` (a causal LM, or a PEFT model around one) given the response pass as its forward, once (again is a
+    no-op): called with `response_pass` (PassOptions), `model(prompt_ids, prompt_mask, response_ids, response_mask,
+    prompt_index=..., response_pass=..., tokens=...)` returns response_logprobs' (log-probs, entropy); any other call
+    runs the model class's own forward (generation, a loss over labels).
+
+    The trainer's passes call the decoder and chunks of the output layer themselves (vocabulary-sized logits never
+    exist for all tokens at once), not the class's forward; as the model's forward they are module calls, so that what
+    wraps the model runs around them as around any forward. DeepSpeed keeps per-micro-batch state in
+    `DeepSpeedEngine.forward`, which calls `self.module(...)`, and in the hooks it puts on the module and on the
+    outputs: ZeRO's backward bookkeeping, under ZeRO-3 the micro-step counter without which a micro-batch's gradients
+    overwrite the previous ones instead of adding up, and the top-level module's pre-forward hook that starts ZeRO-3's
+    trace of the module order anew (a pass that skipped it would run on from the previous pass's position in the
+    trace, invalidate it, and leave DeepSpeed prefetching nothing: the no-grad passes too, which call the module
+    without the engine). The instance's `forward` shadows the class's (nn.Module.__call__ reads `self.forward`); a
+    bound method, so that a deep copy (the KL reference) runs its own pass."""
+    installed = vars(model).get("forward")
+    if installed is not None:
+        if getattr(installed, "__func__", None) is not _forward_or_response_pass:
+            raise ValueError(f"{type(model).__name__} already has an instance forward ({installed!r})")
+        return model
+    model.forward = types.MethodType(_forward_or_response_pass, model)
+    return model
+
+
+def _forward_or_response_pass(model: torch.nn.Module, *args, response_pass: PassOptions | None = None, **kwargs):
+    if response_pass is None:
+        return type(model).forward(model, *args, **kwargs)
+    return response_logprobs(model, *args, options=response_pass, **kwargs)

@@ -27,11 +27,10 @@ import torch
 
 from tokenpo import algorithms as alg
 from tokenpo.deepspeed import dist
-from tokenpo.deepspeed.engine import (build_policy_engine, build_reference, forward_in_engine, gathered_for_generation,
-                                      partitioned_loading)
+from tokenpo.deepspeed.engine import build_policy_engine, build_reference, gathered_for_generation, partitioned_loading
 from tokenpo.deepspeed.export import zero3_16bit_state_dict
 from tokenpo.models.loading import load_model
-from tokenpo.models.logprobs import PassTokens, response_logprobs
+from tokenpo.models.logprobs import PassOptions, PassTokens, with_response_pass
 from tokenpo.models.lora import adapters_disabled, save_merged_and_adapter
 from tokenpo.models.modes import no_dropout
 from tokenpo.models.published import Published, published
@@ -78,12 +77,19 @@ class PolicySettings:
         parameters with collectives."""
         return self.partitioned and self.world_size > 1
 
+    def pass_options(self, *, with_entropy: bool, entropy_grad: bool = False,
+                     recompute_head: bool = False) -> PassOptions:
+        """A pass's options: these settings' and what the pass asks for."""
+        return PassOptions(self.pack_sequences, self.lockstep, self.temperature, self.chunk_tokens, with_entropy,
+                           entropy_grad, recompute_head)
+
 
 class Policy:
     """The trained model: its DeepSpeed engine, LoRA adapters, the KL reference, checkpoint state and export."""
 
     def __init__(self, engine, optimizer: torch.optim.Optimizer | None, reference: torch.nn.Module | None,
                  device: torch.device, settings: PolicySettings) -> None:
+        """`engine.module` and `reference` with the response pass as their forward (build() gives it them)."""
         self._engine = engine  # DeepSpeed's; its weights leave through `publish` only
         self._optimizer = optimizer  # the torch optimizer inside the engine (the learning rate is set on its groups)
         self.device = device
@@ -109,11 +115,14 @@ class Policy:
                      world_size=world_size)
         partitioned = partitioned_loading(cfg.deepspeed, **sizes)
         tokenizer, model = load_model(cfg.model, cfg.seed, partitioned)
+        # every pass is a call of the model's forward: the update's through the engine, the no-grad ones the module's
+        with_response_pass(model)
         reference = None
         if alg.needs_reference(cfg.algorithm) and settings.lora is None:
             reference = build_reference(model, cfg.deepspeed, **sizes,
                                         load_initial=lambda: load_model(cfg.model, cfg.seed, partitioned)[1])
-            reference.to(device)
+            # a copy has the pass already; under ZeRO-3 a second load has not
+            with_response_pass(reference).to(device)
         optimizer = build_optimizer(model, cfg.trainer)
         engine = build_policy_engine(model, optimizer, cfg.deepspeed, **sizes)
         return tokenizer, cls(engine, optimizer, reference, device, settings)
@@ -128,16 +137,14 @@ class Policy:
         return published(self.module, version, partitioned=partitioned,
                          lend=lambda: gathered_for_generation(self._engine, partitioned))
 
-    def _forward(self, model, tokens: GroupTokens, *, with_entropy: bool, entropy_grad: bool = False,
-                 recompute_head: bool = False, fed: PassTokens | None = None) -> TokenLogprobs:
+    def _forward(self, model, tokens: GroupTokens, options: PassOptions, fed: PassTokens | None) -> TokenLogprobs:
+        """`tokens`' response pass as `model`'s forward: the engine (which calls its module) or a module."""
         self._guard.flush()  # an update held for the step's health checks is applied before a pass reads the weights
-        logp, entropy = forward_in_engine(
-            model, response_logprobs, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids,
-            tokens.response_mask, prompt_index=tokens.prompt_index, packed=self.settings.pack_sequences,
-            lockstep=self.settings.lockstep, temperature=self.settings.temperature,
-            chunk_tokens=self.settings.chunk_tokens, with_entropy=with_entropy,
-            entropy_grad=entropy_grad, recompute_head=recompute_head, tokens=fed)
-        return TokenLogprobs(logp, entropy if with_entropy else None)
+        # the options by keyword: ZeRO-3's hooks look for tensors among a module's positional inputs, and warn about
+        # a type they cannot look into
+        logp, entropy = model(tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids, tokens.response_mask,
+                              prompt_index=tokens.prompt_index, response_pass=options, tokens=fed)
+        return TokenLogprobs(logp, entropy)
 
     def logprobs(self, tokens: GroupTokens, *, grad: bool, with_entropy: bool, entropy_grad: bool = False,
                  fed: PassTokens | None = None) -> TokenLogprobs:
@@ -146,15 +153,16 @@ class Policy:
         dropout on, the output layer recomputed in the backward per trainer.recompute_head; else without grad and
         without dropout (the old policy). `fed` counts the token positions the decoder ran."""
         if grad:
-            return self._forward(self._engine, tokens, with_entropy=with_entropy, entropy_grad=entropy_grad,
-                                 recompute_head=self.settings.recompute_head, fed=fed)
+            options = self.settings.pass_options(with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                                 recompute_head=self.settings.recompute_head)
+            return self._forward(self._engine, tokens, options, fed)
         with torch.no_grad(), no_dropout(self.module):
-            return self._forward(self.module, tokens, with_entropy=with_entropy, fed=fed)
+            return self._forward(self.module, tokens, self.settings.pass_options(with_entropy=with_entropy), fed)
 
     def reference_logprobs(self, tokens: GroupTokens) -> torch.Tensor:
         """[rows, T] log-probs under the KL reference, the initial policy, without grad."""
         with torch.no_grad(), no_dropout(self.module), self._reference_model() as reference:
-            return self._forward(reference, tokens, with_entropy=False).logp
+            return self._forward(reference, tokens, self.settings.pass_options(with_entropy=False), None).logp
 
     def _reference_model(self) -> contextlib.AbstractContextManager:
         """The frozen copy where one was built, else (LoRA) the policy's own module with its adapters switched off,
