@@ -21,6 +21,7 @@ from tokenpo.deepspeed.export import zero3_16bit_state_dict  # noqa: E402
 from tokenpo.models.loading import load_model  # noqa: E402
 from tokenpo.trainer.optim import build_optimizer  # noqa: E402
 from tokenpo.trainer.policy import Policy, PolicySettings  # noqa: E402
+from tokenpo.trainer.state import save_policy  # noqa: E402
 
 
 def shared_keys(state: dict) -> list[list[str]]:
@@ -50,7 +51,7 @@ def main(out: Path) -> None:
         policy.export(tokenizer, out / name)
         if name == "full":
             for step in (1, 2):
-                policy.save(out / "checkpoints", step, {"step": step}, keep_last=2, with_checksums=True)
+                save_policy(policy, out / "checkpoints", step, {"step": step}, keep_last=2, with_checksums=True)
     print("ZERO3 WORK DONE", flush=True)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from tokenpo.trainer.policy import Policy, PolicySettings
+from tokenpo.trainer.state import save_policy
 
 
 class FakeEngine:
@@ -39,7 +40,7 @@ def policy(engine: FakeEngine | None = None) -> Policy:
 
 
 def save(engine, root: Path, step: int, client_state: dict, keep_last: int, with_checksums: bool = True) -> Path:
-    return policy(engine).save(root, step, client_state, keep_last=keep_last, with_checksums=with_checksums)
+    return save_policy(policy(engine), root, step, client_state, keep_last=keep_last, with_checksums=with_checksums)
 
 
 def saved_run(tmp_path: Path, steps=(1, 2), keep_last: int = 2) -> Path:

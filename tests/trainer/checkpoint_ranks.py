@@ -15,6 +15,7 @@ import torch.distributed
 from tokenpo.deepspeed import dist
 from tokenpo.trainer import checkpoint, checkpoint_manifest
 from tokenpo.trainer.policy import Policy, PolicySettings
+from tokenpo.trainer.state import save_policy
 
 
 class ShardedEngine:
@@ -46,7 +47,7 @@ def main(out: Path) -> None:
     run_dir = out / "run"
     phases = {}
     for step in (1, 2):
-        policy.save(run_dir / "checkpoints", step, {"step": step}, keep_last=2, with_checksums=True)
+        save_policy(policy, run_dir / "checkpoints", step, {"step": step}, keep_last=2, with_checksums=True)
         phases[f"save {step}"], checksummed[:] = list(checksummed), []
     resumed = {"intact": checkpoint.find_resume_dir("auto", run_dir)}
     phases["verify intact"], checksummed[:] = list(checksummed), []

@@ -15,6 +15,7 @@ import torch
 from support.checkpoints import FakeEngine, flip_byte, policy, save, saved_run
 from tokenpo.errors import ConfigError
 from tokenpo.trainer import checkpoint
+from tokenpo.trainer.state import load_policy
 
 
 def test_save_renames_into_place_and_points_latest(tmp_path):
@@ -44,7 +45,7 @@ def test_killed_save_keeps_previous_checkpoint_resumable(tmp_path):
         save(FakeEngine(fail_after_partial=True), root, 2, {"step": 2}, keep_last=2)
     assert (root / ".tmp-step_000002" / "state" / "part0.pt").is_file()
     assert checkpoint.find_resume_dir("auto", tmp_path) == root / "step_000001"
-    assert policy(FakeEngine()).load(checkpoint.find_resume_dir("auto", tmp_path)) == {"step": 1}
+    assert load_policy(policy(FakeEngine()), checkpoint.find_resume_dir("auto", tmp_path)) == {"step": 1}
     # the next save clears the half-written folder
     save(FakeEngine(), root, 2, {"step": 2}, keep_last=2)
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001", "step_000002"]
@@ -70,10 +71,10 @@ def test_find_resume_dir(tmp_path):
 def test_load_refuses_another_number_of_processes_or_zero_stage(tmp_path):
     path = save(FakeEngine(stage=2), tmp_path, 1, {"step": 1}, keep_last=2)
     with pytest.raises(ConfigError, match="written under ZeRO stage 2; resume it with deepspeed.stage=2, not 3"):
-        policy(FakeEngine(stage=3)).load(path)
+        load_policy(policy(FakeEngine(stage=3)), path)
     (path / "tokenpo.json").write_text(json.dumps({"step": 1, "world_size": 4, "zero_stage": 2}))
     with pytest.raises(ConfigError, match="written by 4 process\\(es\\); resume it with 4, not 1"):
-        policy(FakeEngine(stage=2)).load(path)
+        load_policy(policy(FakeEngine(stage=2)), path)
 
 
 def test_load_restores_rng_states(tmp_path):
@@ -85,7 +86,7 @@ def test_load_restores_rng_states(tmp_path):
     random.seed(2)
     np.random.seed(2)
     torch.manual_seed(2)
-    policy(FakeEngine()).load(path)
+    load_policy(policy(FakeEngine()), path)
     got = (random.random(), np.random.rand(), torch.rand(3))
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
 
@@ -120,7 +121,7 @@ def test_fresh_start_moves_earlier_checkpoints_aside(tmp_path, caplog):
     for step in (1, 2):
         save(FakeEngine(), root, step, {"step": step}, keep_last=2)
     assert checkpoint.find_resume_dir("auto", tmp_path / "run") == root / "step_000002"
-    assert policy(FakeEngine()).load(root / "step_000002") == {"step": 2}
+    assert load_policy(policy(FakeEngine()), root / "step_000002") == {"step": 2}
 
 
 def test_resuming_an_earlier_checkpoint_moves_the_later_ones_aside(tmp_path):
@@ -231,7 +232,7 @@ def test_checkpoints_of_an_earlier_format_are_refused_in_one_line(tmp_path):
         with pytest.raises(checkpoint.CheckpointError) as err:
             resume_dir = checkpoint.find_resume_dir(str(path), other)
             assert when == "load", name
-            policy().load(resume_dir)
+            load_policy(policy(), resume_dir)
         assert str(err.value) == message, name
         if when == "resume":  # auto passes over it to the checkpoint before
             assert checkpoint.find_resume_dir("auto", tmp_path / "run") == root / "step_000001", name
@@ -265,7 +266,7 @@ def test_a_tampered_rng_file_is_refused_not_run(tmp_path):
     # with the manifest recomputed it verifies, and torch.load(weights_only=True) refuses the object
     tamper_rng(path, marker, update_manifest=True)
     with pytest.raises(checkpoint.CheckpointError) as err:
-        policy(FakeEngine()).load(checkpoint.find_resume_dir(str(path), tmp_path / "other"))
+        load_policy(policy(FakeEngine()), checkpoint.find_resume_dir(str(path), tmp_path / "other"))
     assert str(err.value) == f"{path / 'rng_rank0.pt'}: holds objects other than tensors and numbers (refused, not run)"
     assert not marker.exists()
 

@@ -7,9 +7,6 @@ LoRA (tokenpo.models.lora) changes four things of the policy, all of them here: 
 module with its adapters off is the initial policy), checkpoints hold the trainable parameters only (the frozen base
 is the model's own) and record the LoRA settings a resume must match, and the export writes the merged model and the
 adapter.
-
-A checkpoint's RNG files hold tensors and numbers only and are read with `weights_only=True`; DeepSpeed's own state
-files are pickles that it loads with `weights_only=False`, so resume only from checkpoints you trust.
 """
 
 from __future__ import annotations
@@ -17,12 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import contextlib
-import pickle
-import random
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from tokenpo import algorithms as alg
@@ -34,9 +28,7 @@ from tokenpo.models.logprobs import PassOptions, PassTokens, with_response_pass
 from tokenpo.models.lora import adapters_disabled, save_merged_and_adapter
 from tokenpo.models.modes import no_dropout
 from tokenpo.models.published import Published, published
-from tokenpo.trainer import checkpoint
 from tokenpo.trainer.batch import GroupTokens
-from tokenpo.trainer.checkpoint_manifest import CheckpointError
 from tokenpo.trainer.health import UpdateGuard, holds_updates
 from tokenpo.trainer.optim import build_optimizer
 
@@ -205,36 +197,29 @@ class Policy:
     def lr(self) -> float:
         return float(self._engine.get_lr()[0])
 
-    def save(self, root: Path, step: int, client_state: dict, *, keep_last: int, with_checksums: bool) -> Path:
-        """Checkpoint `step` under `root` on every rank (a collective): the engine's state (with LoRA the trainable
-        parameters only: the frozen base is the model's own) with `client_state`, and this rank's RNG states. Keeps
-        the newest `keep_last`; `with_checksums`: the manifest records crc32s, not sizes alone."""
+    @property
+    def zero_stage(self) -> int:
+        """The ZeRO stage DeepSpeed runs (a checkpoint records it: a resume must match it)."""
+        return self._engine.zero_optimization_stage()
+
+    @property
+    def adapters(self) -> dict | None:
+        """The LoRA settings it trains with (model.lora); None: full fine-tuning. A checkpoint records them."""
+        return self.settings.lora
+
+    def write_state(self, folder: Path, tag: str, client_state: dict) -> None:
+        """This rank's share of the engine's state (model, optimizer; with LoRA the trainable parameters only: the
+        frozen base is the model's own) with `client_state`, into `folder`/`tag` (a collective)."""
         frozen = {"exclude_frozen_parameters": True} if self.settings.lora else {}
+        self._engine.save_checkpoint(str(folder), tag=tag, client_state=client_state, save_latest=False, **frozen)
 
-        def write_state(folder: Path) -> None:
-            self._engine.save_checkpoint(str(folder), tag=checkpoint.TAG, client_state=client_state,
-                                        save_latest=False, **frozen)
-            torch.save(rng_state(), checkpoint.rng_file(folder, dist.rank()))
-
-        meta = checkpoint.CheckpointMeta(step, dist.world_size(), self._engine.zero_optimization_stage(),
-                                         self.settings.lora)
-        return checkpoint.save(root, meta, write_state, keep_last=keep_last, with_checksums=with_checksums)
-
-    def load(self, path: Path) -> dict:
-        """Restore the engine (model, optimizer) and this rank's RNG states from checkpoint `path` (one whose manifest
-        was verified: checkpoint.find_resume_dir); the client state saved with it."""
-        checkpoint.check_resumable(path, checkpoint.read_meta(path), dist.world_size(),
-                                   self._engine.zero_optimization_stage(), self.settings.lora)
-        # read before DeepSpeed unpickles anything, so that a refused file stops the load early
-        rng = load_rng(checkpoint.rng_file(path, dist.rank()))
-        # no LR scheduler state: the learning rate follows from the rollout step (tokenpo.trainer.optim)
+    def read_state(self, folder: Path, tag: str) -> dict | None:
+        """The engine's state back from `folder`/`tag` (model, optimizer; no LR scheduler: the learning rate follows
+        from the rollout step); the client state saved with it, None where DeepSpeed could not load it."""
         frozen = {"load_module_strict": False} if self.settings.lora else {}  # the saved module lacks the frozen base
-        load_path, client_state = self._engine.load_checkpoint(str(path), tag=checkpoint.TAG, load_optimizer_states=True,
-                                                              load_lr_scheduler_states=False, **frozen)
-        if load_path is None:
-            raise CheckpointError(f"checkpoint {path}: DeepSpeed could not load it (see its log above)")
-        set_rng_state(rng)
-        return client_state or {}
+        load_path, client_state = self._engine.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True,
+                                                               load_lr_scheduler_states=False, **frozen)
+        return None if load_path is None else client_state or {}
 
     def export(self, tokenizer, out: Path) -> None:
         """The final policy in Hugging Face format in `out` (AutoModelForCausalLM.from_pretrained loads it); a LoRA
@@ -255,36 +240,3 @@ class Policy:
 def _without_adapters(module):
     with adapters_disabled(module):
         yield module
-
-
-def rng_state() -> dict:
-    """Tensors, strings and numbers only, so that `torch.load(weights_only=True)` reads it back."""
-    name, key, pos, has_gauss, gauss = np.random.get_state()
-    numpy_state = (name, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, gauss)
-    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    name, key, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((name, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def load_rng(path: Path) -> dict:
-    """A rank's RNG states, read as tensors and numbers only: a pickled object in the file (numpy's key as an ndarray,
-    as an earlier tokenpo wrote it, or anything else) is refused, not run."""
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing")
-    try:
-        return torch.load(path, weights_only=True)
-    except pickle.UnpicklingError:
-        raise CheckpointError(f"{path}: holds objects other than tensors and numbers (refused, not run)") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        reason = str(err).strip().splitlines()[:1]
-        raise CheckpointError(f"{path}: unreadable ({type(err).__name__}: {''.join(reason)})") from None

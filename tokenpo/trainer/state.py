@@ -1,16 +1,27 @@
 """Where a run stands (`RunState`: what a checkpoint carries besides the model), and the harness that resumes and
-saves it."""
+saves it: the policy's state (Policy.write_state / read_state) in a checkpoint folder (tokenpo.trainer.checkpoint)
+with this rank's RNG states.
+
+A checkpoint's RNG files hold tensors and numbers only and are read with `weights_only=True`; DeepSpeed's own state
+files are pickles that it loads with `weights_only=False`, so resume only from checkpoints you trust."""
 
 from __future__ import annotations
 
 import logging
+import pickle
+import random
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+import torch
 
 from tokenpo.algorithms.entropy_control import EntropyCoef
 from tokenpo.data import PromptSampler
 from tokenpo.logger.run_logger import SAMPLES_FILE
+from tokenpo.deepspeed import dist
 from tokenpo.trainer import checkpoint
+from tokenpo.trainer.checkpoint_manifest import CheckpointError
 from tokenpo.trainer.policy import Policy
 
 log = logging.getLogger("tokenpo")
@@ -71,7 +82,7 @@ def resume_run(policy: Policy, sampler: PromptSampler, resume: str, run_dir: Pat
     checkpoint.set_aside_stale(run_dir / "checkpoints", resume_dir)
     state = RunState()
     if resume_dir is not None:
-        state = RunState.from_client_state(policy.load(resume_dir))
+        state = RunState.from_client_state(load_policy(policy, resume_dir))
         sampler.load_state_dict(state.sampler)
         log.info("resumed from %s at step %d", resume_dir, state.step)
     for log_file in ("metrics.jsonl", SAMPLES_FILE):
@@ -81,5 +92,67 @@ def resume_run(policy: Policy, sampler: PromptSampler, resume: str, run_dir: Pat
 
 def save_run(policy: Policy, state: RunState, run_dir: Path, *, keep_last: int, with_checksums: bool) -> None:
     """Checkpoint the policy at `state.step` with the state as its client state (a collective: every rank)."""
-    policy.save(run_dir / "checkpoints", state.step, state.to_client_state(), keep_last=keep_last,
+    save_policy(policy, run_dir / "checkpoints", state.step, state.to_client_state(), keep_last=keep_last,
                 with_checksums=with_checksums)
+
+
+def save_policy(policy: Policy, root: Path, step: int, client_state: dict, *, keep_last: int,
+                with_checksums: bool) -> Path:
+    """Checkpoint `step` under `root` on every rank (a collective): the policy's state with `client_state`, and this
+    rank's RNG states. Keeps the newest `keep_last`; `with_checksums`: the manifest records crc32s, not sizes
+    alone."""
+
+    def write_state(folder: Path) -> None:
+        policy.write_state(folder, checkpoint.TAG, client_state)
+        torch.save(rng_state(), checkpoint.rng_file(folder, dist.rank()))
+
+    meta = checkpoint.CheckpointMeta(step, dist.world_size(), policy.zero_stage, policy.adapters)
+    return checkpoint.save(root, meta, write_state, keep_last=keep_last, with_checksums=with_checksums)
+
+
+def load_policy(policy: Policy, path: Path) -> dict:
+    """The policy's state (model, optimizer) and this rank's RNG states back from checkpoint `path` (one whose
+    manifest was verified: checkpoint.find_resume_dir); the client state saved with it."""
+    checkpoint.check_resumable(path, checkpoint.read_meta(path), dist.world_size(), policy.zero_stage,
+                               policy.adapters)
+    # read before DeepSpeed unpickles anything, so that a refused file stops the load early
+    rng = load_rng(checkpoint.rng_file(path, dist.rank()))
+    client_state = policy.read_state(path, checkpoint.TAG)
+    if client_state is None:
+        raise CheckpointError(f"checkpoint {path}: DeepSpeed could not load it (see its log above)")
+    set_rng_state(rng)
+    return client_state
+
+
+def rng_state() -> dict:
+    """Tensors, strings and numbers only, so that `torch.load(weights_only=True)` reads it back."""
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = (name, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, gauss)
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    name, key, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def load_rng(path: Path) -> dict:
+    """A rank's RNG states, read as tensors and numbers only: a pickled object in the file (numpy's key as an ndarray,
+    as an earlier tokenpo wrote it, or anything else) is refused, not run."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing")
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path}: holds objects other than tensors and numbers (refused, not run)") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[:1]
+        raise CheckpointError(f"{path}: unreadable ({type(err).__name__}: {''.join(reason)})") from None
+
