@@ -24,8 +24,9 @@ from tokenpo.rollout.hf import HFEngine
 from tokenpo.trainer import health, step as step_module
 from tokenpo.trainer.config import HealthConfig
 from tokenpo.trainer.source import RolloutSource
-from tokenpo.trainer.health import (DETECTORS, Bound, ConstantReward, Detectors, Entropy, HealthStop, UpdateGuard,
-                                    config_with, replay)
+from tokenpo.trainer.config import DETECTORS
+from tokenpo.trainer.health import Bound, ConstantReward, Detectors, Entropy, HealthStop, config_with, replay
+from tokenpo.trainer.update_guard import UpdateGuard
 
 MAIN_JOB = REPO / "docs" / "data" / "main_job" / "metrics.jsonl"
 

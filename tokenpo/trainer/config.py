@@ -78,6 +78,12 @@ class EntropyCheck:
     steps: int = setting(3, "Steps in a row past a bound before it fires (one step's entropy is noisy)", ge=1)
 
 
+DETECTORS = ("constant_reward", "nonfinite", "ratio", "sampler_kl", "entropy", "reward_errors")
+# detectors that never hold the step's last update: nonfinite (UpdateGuard refuses such an update itself) and
+# reward_errors (warn or stop only)
+UNHELD = ("nonfinite", "reward_errors")
+
+
 @dataclass
 class HealthConfig:
     constant_reward: ConstantRewardCheck = section(ConstantRewardCheck,
@@ -90,8 +96,13 @@ class HealthConfig:
         "Rewards that are all errors (a broken reward function) for several steps in a row")
 
     def validate(self) -> None:
-        for name in ("constant_reward", "nonfinite", "ratio", "sampler_kl", "entropy", "reward_errors"):
+        for name in DETECTORS:
             check_fields(getattr(self, name), f"trainer.health.{name}")
+
+    @property
+    def holds_updates(self) -> bool:
+        """Whether each step's last update waits for the step's checks: a detector that may skip or stop it."""
+        return any(getattr(self, name).action in ("skip", "stop") for name in DETECTORS if name not in UNHELD)
 
 
 @dataclass

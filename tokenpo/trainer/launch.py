@@ -40,10 +40,11 @@ from dataclasses import dataclass
 
 from tokenpo.errors import ConfigError
 from tokenpo.trainer.identity import RunIdentity
+from tokenpo.trainer.rundir import RESOLVED
+from tokenpo.trainer.stop import STOP_SIGNALS
 
 log = logging.getLogger("tokenpo")
 
-RESOLVED = "resolved_config.json"
 # environment variable: the pid of the job that started a worker (the worker dies with it)
 LAUNCHER_PID = "TOKENPO_LAUNCHER_PID"
 # prctl option from <linux/prctl.h>: the signal this process gets when its parent dies
@@ -53,30 +54,6 @@ PARENT_POLL_S = 0.5
 # seconds a worker gets to exit after SIGTERM once another worker failed, before SIGKILL
 STOP_GRACE_S = 10.0
 POLL_S = 0.2
-# signals that stop a run after its current step, with a checkpoint: a terminal's or a scheduler's stop (SIGTERM,
-# Ctrl-C) and the warnings sent before a time limit or a preemption: `sbatch --signal=USR1@120` (SIGUSR1, Lightning's
-# requeue signal) and submitit's (SIGUSR2, its default SUBMITIT_PREEMPT_SIGNAL)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
-
-
-class StopRequest:
-    """A stop signal (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) asks the loop to save and exit at the end of the current step.
-    `restore` puts back the handlers the process had before (submitit's SIGUSR2 handler, which requeues the job)."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.signum: int | None = None
-        self.previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested, self.signum = True, signum
-        log.warning("signal %d: saving a checkpoint after this step, then exiting", signum)
-
-    def restore(self) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
 # the stop signals that ask for a requeue once the checkpoint is saved
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 # variables a launcher (torchrun, the deepspeed launcher, tokenpo's own) sets: with any of them, its ranks win

@@ -1,7 +1,7 @@
 """The run: the policy, the generator (rollout engine), the scorer and the data set up, then the loop that calls
 `tokenpo.trainer.step.train_step` once per step, with the harness around it: resume and checkpoints
 (tokenpo.trainer.state), the worst-case pass and out-of-memory lines (worst_case), held-out evaluation (evals),
-metrics and sample tables (tokenpo.logger), stop signals (launch.StopRequest)."""
+metrics and sample tables (tokenpo.logger), stop signals (stop.StopRequest)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from tokenpo.trainer.environment import record_environment
 from tokenpo.trainer.evals import AFTER, BEFORE, Evaluator, evaluate_benchmarks, load_benchmarks
 from tokenpo.trainer.health import HealthMonitor
 from tokenpo.trainer.identity import RunIdentity
-from tokenpo.trainer.launch import StopRequest
+from tokenpo.trainer.stop import StopRequest
 from tokenpo.trainer.optim import step_lr
 from tokenpo.trainer.policy import Policy
 from tokenpo.trainer.source import PromptCache, Prompts, RolloutSource, Schedule, sampling_params

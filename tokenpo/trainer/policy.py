@@ -29,7 +29,7 @@ from tokenpo.models.lora import adapters_disabled, save_merged_and_adapter
 from tokenpo.models.modes import no_dropout
 from tokenpo.models.published import Published, published
 from tokenpo.trainer.batch import GroupTokens
-from tokenpo.trainer.health import UpdateGuard, holds_updates
+from tokenpo.trainer.update_guard import UpdateGuard
 from tokenpo.trainer.optim import build_optimizer
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class PolicySettings:
     def from_config(cls, cfg: TrainConfig, world_size: int = 1) -> PolicySettings:
         return cls(cfg.rollout.temperature or 1.0, cfg.trainer.logit_chunk_tokens, cfg.trainer.recompute_head,
                    cfg.model.lora.settings(), cfg.trainer.pack_sequences, cfg.deepspeed.partitioned, world_size,
-                   holds_updates(cfg.trainer.health))
+                   cfg.trainer.health.holds_updates)
 
     @property
     def lockstep(self) -> bool:
@@ -173,7 +173,7 @@ class Policy:
 
     def step(self) -> None:
         """One optimizer update with the gradients accumulated since the last one; never a non-finite one, and held
-        until the step's health checks where one may skip it (tokenpo.trainer.health.UpdateGuard)."""
+        until the step's health checks where one may skip it (tokenpo.trainer.update_guard.UpdateGuard)."""
         self._guard.step(self._engine)
 
     def commit(self, veto: bool) -> bool:

@@ -8,12 +8,13 @@ import time
 from pathlib import Path
 
 from tokenpo.trainer.environment import ENVIRONMENT_FILE
-from tokenpo.trainer.launch import RESOLVED
 
 log = logging.getLogger("tokenpo")
 
 # what a run writes into its run dir; train.log stays where it is (Hydra's log file, open before any of this runs,
 # appended to by every start)
+# the run's resolved config, which the workers of a trainer.nproc=N job read (tokenpo.trainer.launch)
+RESOLVED = "resolved_config.json"
 RESULTS = (".hydra", RESOLVED, ENVIRONMENT_FILE, "metrics.jsonl", "eval_before.json", "eval_after.json",
            "summary.json", "final", "checkpoints", "wandb")
 # eval.extra benchmarks' records: eval_before.<name>.json, eval_after.<name>.json

@@ -28,7 +28,6 @@ from tokenpo.errors import ConfigError
 from tokenpo.rewards import RewardConfig
 from tokenpo.models.logprobs import PassTokens
 from tokenpo.trainer.batch import BatchSplit, MicroBatch, RolloutBatch, SamplingCounts, UpdatePlan, pad_to
-from tokenpo.trainer.health import HealthMonitor
 from tokenpo.trainer.policy import Policy
 from tokenpo.trainer.scores import drawn_metrics
 from tokenpo.trainer.source import RolloutSource
@@ -37,6 +36,7 @@ from tokenpo.trainer.rollouts import (StepRollouts, counted, dynamic_sampling_me
 from tokenpo.trainer.timings import Timings
 
 if TYPE_CHECKING:
+    from tokenpo.trainer.health import HealthMonitor
     from tokenpo.config import TrainConfig
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from tokenpo.deepspeed.build_locks import check_build_locks
 from tokenpo.errors import ConfigError
 from tokenpo.trainer.identity import RunIdentity
-from tokenpo.trainer.launch import RESOLVED, die_with_launcher
+from tokenpo.trainer.launch import die_with_launcher
+from tokenpo.trainer.rundir import RESOLVED
 from tokenpo.trainer.loop import train
 
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
