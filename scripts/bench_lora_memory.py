@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -115,10 +116,14 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=8, help="LoRA rank (default 8)")
     parser.add_argument("--runs", type=int, default=1, help="runs of each configuration (median reported)")
     parser.add_argument("--json", type=Path, help="also write the measurements here")
+    parser.add_argument("--only", choices=("full", "lora"), help="run one of the two configurations only")
+    parser.add_argument("--keep", type=Path, help="copy each run's metrics.jsonl here (<config>-<run>.jsonl)")
     parser.add_argument("overrides", nargs="*", help="extra tokenpo.train overrides for both runs (after --)")
     args = parser.parse_args()
     configs = {"full": [*MAIN_JOB, *args.overrides],
                f"lora{args.rank}": [*MAIN_JOB, *args.overrides, f"model.lora.rank={args.rank}"]}
+    if args.only:
+        configs = {name: o for name, o in configs.items() if name.startswith(args.only)}
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     with tempfile.TemporaryDirectory(prefix="bench_lora_memory-") as tmp:
         for i in range(args.runs):
@@ -127,25 +132,33 @@ def main() -> None:
                 work.mkdir()
                 runs[name].append(run_one(overrides, work))
                 r = runs[name][-1]
+                if args.keep:
+                    args.keep.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(work / "run" / "metrics.jsonl", args.keep / f"{name}-{i}.jsonl")
                 print(f"{name} run {i + 1}: peak {r['peak'] / MIB:.0f} MiB, above the libraries "
                       f"{r['above_libraries'] / MIB:.0f} MiB ({r['seconds']:.0f} s)", file=sys.stderr, flush=True)
     median = {name: {key: statistics.median(r[key] for r in rs) for key in ("peak", "above_libraries", "baseline")}
               for name, rs in runs.items()}
-    full, lora = median["full"], median[f"lora{args.rank}"]
-    ratio = lora["peak"] / full["peak"]
-    print(f"{'':10} {'peak (MiB)':>11} {'above libraries (MiB)':>22}")
-    for name, m in median.items():
-        print(f"{name:10} {m['peak'] / MIB:11.0f} {m['above_libraries'] / MIB:22.0f}")
-    print(f"saving     {(full['peak'] - lora['peak']) / MIB:11.0f} "
-          f"{(full['above_libraries'] - lora['above_libraries']) / MIB:22.0f}")
-    print(f"ratio      {ratio:11.3f} {lora['above_libraries'] / full['above_libraries']:22.3f}   "
-          f"({'within' if ratio <= LIMIT else 'OVER'} the {LIMIT:.2f} limit; median of {args.runs} run(s) each)")
+    print(f"{'':10} {'peak (MiB)':>11} {'above libraries (MiB)':>22} {'training (MiB)':>15} {'export (MiB)':>13}")
+    for name, rs in runs.items():
+        m, last = median[name], rs[-1]
+        export = f"{last['export_peak'] / MIB:13.0f}" if last.get("export_peak") else f"{'-':>13}"
+        print(f"{name:10} {m['peak'] / MIB:11.0f} {m['above_libraries'] / MIB:22.0f} "
+              f"{last['training_peak'] / MIB:15.0f} {export}")
+    ratio = ratio_libraries = None
+    if "full" in median and len(median) == 2:
+        full, lora = median["full"], median[f"lora{args.rank}"]
+        ratio, ratio_libraries = lora["peak"] / full["peak"], lora["above_libraries"] / full["above_libraries"]
+        print(f"saving     {(full['peak'] - lora['peak']) / MIB:11.0f} "
+              f"{(full['above_libraries'] - lora['above_libraries']) / MIB:22.0f}")
+        print(f"ratio      {ratio:11.3f} {ratio_libraries:22.3f}   "
+              f"({'within' if ratio <= LIMIT else 'OVER'} the {LIMIT:.2f} limit; median of {args.runs} run(s) each)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "command": "python scripts/bench_lora_memory.py " + " ".join(sys.argv[1:]),
             "overrides": configs, "runs": runs, "median": median, "ratio_peak": ratio,
-            "ratio_above_libraries": lora["above_libraries"] / full["above_libraries"],
+            "ratio_above_libraries": ratio_libraries,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         }, indent=1) + "\n")
 
