@@ -48,7 +48,7 @@ def status_bytes(key: str) -> int:
 
 
 def measure(out: Path, overrides: list[str]) -> None:
-    """In the fresh process: the libraries, their baseline, the run as `python -m tokenpo.train <overrides>`, the peak."""
+    """In the fresh process: the libraries, their baseline, `python -m tokenpo.train <overrides>`, the peak."""
     import deepspeed  # noqa: F401  (the heavy imports, before the baseline)
     import peft  # noqa: F401
     import torch  # noqa: F401
