@@ -13,9 +13,10 @@ from transformers import AutoModelForCausalLM
 from tokenpo.errors import ConfigError
 from tokenpo.models.config import LoraConfig, ModelConfig, TinyConfig, model_config_from_dict
 from tokenpo.models.loading import build_tiny_model, enable_activation_checkpointing
+from tokenpo.models import lora as lora_module
 from tokenpo.models.logprobs import PassOptions, response_logprobs
 from tokenpo.models.lora import (adapters_disabled, check_targets_before_loading, lora_scaling, merged_state_dict,
-                                  merged_weight, wrap_lora)
+                                  merged_weight, save_merged_and_adapter, wrap_lora)
 from tokenpo.rollout.engine import SamplingParams
 from tokenpo.rollout.hf import generate_hf
 
@@ -178,6 +179,54 @@ def test_merged_state_dict_equals_the_adapted_model_and_leaves_the_live_weights(
     with capsys.disabled():
         print(f"\nmerged vs adapted: max |delta logit| = {gap:.2e} (base vs adapted: {base_gap:.2f})")
     assert gap < MERGE_ATOL and base_gap > 0.1
+
+
+@pytest.mark.parametrize("targets, shard", [("all-linear", None), (["q_proj", "down_proj", "embed_tokens"], "40KB")])
+def test_the_export_merges_layer_by_layer_into_what_the_merged_state_dict_gives(tmp_path, monkeypatch, targets, shard):
+    """final/ is written from the unmerged weights and each adapted weight merged into its file one at a time: the
+    same tensors, bit for bit, as saving the whole merged state dict (which held a merged copy of every adapted
+    weight at once: one model's worth of memory at the LoRA run's peak, docs/lora.md), also with an adapted
+    embedding tied to the output layer and the model in several shards; no more than one merged weight alive at
+    a time."""
+    import gc
+    import weakref
+
+    from safetensors.torch import load_file
+    from transformers import PreTrainedModel
+
+    adapted = wrap_lora(tiny(), LoraConfig(rank=4, alpha=16, target_modules=targets))
+    train_adapters(adapted)
+    live = {k: v.clone() for k, v in adapted.state_dict().items()}
+    want = merged_state_dict(adapted.state_dict(), lora_scaling(adapted))  # tied tensors still shared
+    if shard:
+        save = PreTrainedModel.save_pretrained
+        monkeypatch.setattr(PreTrainedModel, "save_pretrained",
+                            lambda self, *args, **kwargs: save(self, *args, **kwargs, max_shard_size=shard))
+    alive, most = weakref.WeakSet(), [0]
+    merged_weight_ = lora_module.merged_weight
+
+    def counted(*args, **kwargs):
+        gc.collect()
+        tensor = merged_weight_(*args, **kwargs)
+        alive.add(tensor)
+        most[0] = max(most[0], len(alive))
+        return tensor
+
+    monkeypatch.setattr(lora_module, "merged_weight", counted)
+    save_merged_and_adapter(adapted, tmp_path)
+    files = sorted(tmp_path.glob("*.safetensors"))
+    assert len(files) > 1 if shard else len(files) == 1
+    saved = {k: v for f in files for k, v in load_file(f).items()}
+    monkeypatch.setattr(lora_module, "merged_weight", merged_weight_)
+    reference = tmp_path / "reference"
+    adapted.get_base_model().save_pretrained(reference, state_dict=want)
+    expected = {k: v for f in sorted(reference.glob("*.safetensors")) for k, v in load_file(f).items()}
+    assert set(saved) == set(expected)
+    assert all(torch.equal(saved[k], expected[k]) for k in expected)
+    assert all(torch.equal(v, live[k]) for k, v in adapted.state_dict().items()), "the live weights changed"
+    assert most[0] == 1, f"{most[0]} merged weights alive at once"
+    tied = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert all(torch.equal(tied.state_dict()[k], v) for k, v in want.items())
 
 
 def test_peft_save_and_merged_save_load_back(tmp_path):

@@ -221,13 +221,85 @@ def merged_state_dict(state: dict[str, torch.Tensor], scaling: float,
 
 
 def save_merged_and_adapter(model: PeftModel, out: Path, state: dict[str, torch.Tensor] | None = None) -> None:
-    """`model` written twice: merged into its base weights in `out` (a plain model, W + (alpha / r) B A computed into
-    new tensors, the live weights untouched) and as the PEFT adapter in `out/adapter` (PeftModel.from_pretrained on the
-    base model). `state`: the model's state dict where it is not the module's own (gathered from ZeRO-3 shards)."""
+    """`model` written twice: merged into its base weights in `out` (a plain model, W + (alpha / r) B A) and as the PEFT
+    adapter in `out/adapter` (PeftModel.from_pretrained on the base model). `state`: the model's state dict where it is
+    not the module's own (gathered from ZeRO-3 shards). The live weights are never changed.
+
+    The merged model never exists as a whole: transformers writes the plain model's files from the unmerged weights
+    (the live tensors, no copy: its own names, tied weights, shards, config), then each adapted weight is merged and
+    written over its unmerged bytes in those files, one layer at a time (`merge_into_saved`). Merging the whole state
+    dict first held a merged copy of every adapted weight beside the model: about one model in the training dtype
+    (423 MiB at SmolLM2-135M in fp32, 14 GB for a 7B in bf16), the LoRA run's peak (docs/lora.md)."""
     state = model.state_dict() if state is None else state
     model.save_pretrained(out / "adapter", state_dict=state)
-    model.get_base_model().save_pretrained(out, state_dict=merged_state_dict(
-        state, lora_scaling(model), model.peft_config[ADAPTER].fan_in_fan_out))
+    scaling, fan_in_fan_out = lora_scaling(model), model.peft_config[ADAPTER].fan_in_fan_out
+    base = model.get_base_model()
+    adapted = {}  # plain name of each adapted weight -> its module's PEFT name
+    for peft_name in state:
+        module, sep, leaf = peft_name.partition(BASE_LAYER)
+        if sep and leaf == "weight":
+            adapted[plain_name(peft_name)] = module
+    plain = {name: tensor for peft_name, tensor in state.items() if (name := plain_name(peft_name)) is not None}
+    # an adapted weight that shares its storage with another saved tensor (an adapted embedding tied to the output
+    # layer) gets its own copy, so that transformers keeps both names, as the merged state dict had them apart
+    others = {tensor.untyped_storage().data_ptr() for name, tensor in plain.items() if name not in adapted}
+    for name in adapted:
+        if plain[name].untyped_storage().data_ptr() in others:
+            plain[name] = plain[name].clone()
+    base.save_pretrained(out, state_dict=plain)
+    del plain
+    if not merge_into_saved(out, state, adapted, scaling, fan_in_fan_out):
+        base.save_pretrained(out, state_dict=merged_state_dict(state, scaling, fan_in_fan_out))
+
+
+SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+
+
+def safetensors_layout(out: Path) -> dict[str, tuple[Path, int, str, list[int]]] | None:
+    """{tensor name: (file, byte offset of its data, dtype, shape)} of the safetensors model in `out` (one file or an
+    index of shards); None where it has none."""
+    index = out / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted({out / f for f in json.loads(index.read_text())["weight_map"].values()})
+    elif (out / "model.safetensors").is_file():
+        files = [out / "model.safetensors"]
+    else:
+        return None
+    layout = {}
+    for file in files:
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                layout[name] = (file, 8 + size + entry["data_offsets"][0], entry["dtype"], entry["shape"])
+    return layout
+
+
+def merge_into_saved(out: Path, state: dict[str, torch.Tensor], adapted: dict[str, str], scaling: float,
+                     fan_in_fan_out: bool) -> bool:
+    """Each adapted weight of the plain model saved in `out` (`adapted`: plain name -> the PEFT module name in `state`)
+    overwritten in its file by W + scaling B A, computed one at a time; False (nothing written) where the saved
+    files do not hold every adapted weight by its plain name, with its shape and dtype."""
+    layout = safetensors_layout(out)
+    if layout is None:
+        return False
+    for name, module in adapted.items():
+        weight = state[f"{module}{BASE_LAYER}weight"]
+        entry = layout.get(name)
+        if entry is None or SAFETENSORS_DTYPES.get(entry[2]) != weight.dtype or list(entry[3]) != list(weight.shape):
+            return False
+    for name, module in adapted.items():
+        file, offset, _, _ = layout[name]
+        lora_a, lora_b, embedding = adapter_factors(state, module)
+        merged = merged_weight(state[f"{module}{BASE_LAYER}weight"], lora_a, lora_b, scaling,
+                               embedding or fan_in_fan_out)
+        data = merged.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        with open(file, "r+b") as f:
+            f.seek(offset)
+            f.write(memoryview(data))
+        del merged, data
+    return True
 
 
 ADAPTER_CONFIG = "adapter_config.json"
