@@ -5,7 +5,7 @@
 Writes a file of --gb GiB of random bytes, reads it once to have it in the page cache (a checkpoint just
 written is there too), then times, --repeats times each: a plain read (the floor any checksum pays), sha256,
 blake2b, zlib.crc32 and, where installed, xxhash's xxh3_64, each over the same 16 MiB reads into one reused
-buffer as tokenpo.trainer.checkpoint_manifest. Prints one line per candidate: median MB/s (10^6 bytes) of the wall
+buffer as tokenpo.trainer.harness.checkpoint_manifest. Prints one line per candidate: median MB/s (10^6 bytes) of the wall
 clock and of the process's CPU time (user + system, which other jobs on a shared machine inflate less), min-max, n.
 One thread: a rank checksums its files next to the other ranks' processes, each on its own core.
 """
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenpo.trainer.checkpoint_manifest import CHUNK, Crc32
+from tokenpo.trainer.harness.checkpoint_manifest import CHUNK, Crc32
 
 
 class NoHash:

@@ -56,7 +56,7 @@ def measure(out: Path, overrides: list[str]) -> None:
 
     import tokenpo.train
 
-    from tokenpo.trainer.policy import Policy
+    from tokenpo.trainer.core.policy import Policy
 
     marks = {}
     export = Policy.export

@@ -57,7 +57,7 @@ def update(stage: int, precision: str, grad_dtype: str, micro_batches: int) -> d
         inputs = torch.randn(ROWS, model_of.IN, generator=gen)
         targets = torch.randn(ROWS, model_of.OUT, generator=gen)
         loss = ((engine(inputs.to(dtype)).float() - targets) ** 2).sum() / (world * ROWS * micro_batches)
-        engine.backward(loss * world, scale_wrt_gas=False)  # as tokenpo.trainer.policy.Policy.backward
+        engine.backward(loss * world, scale_wrt_gas=False)  # as tokenpo.trainer.core.policy.Policy.backward
     engine.step()
     return {name: before[name] - full_fp32(p) for name, p in params.items()}
 

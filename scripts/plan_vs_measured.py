@@ -77,8 +77,8 @@ def measure(overrides: list[str], run_dir: Path, out: Path) -> None:
     from tokenpo.config import build_config
     from tokenpo.deepspeed import dist
     from tokenpo.plan import build_plan
-    from tokenpo.trainer import loop
-    from tokenpo.trainer.identity import RunIdentity
+    from tokenpo.trainer.harness import loop
+    from tokenpo.trainer.harness.identity import RunIdentity
 
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         tree = compose("train", overrides=overrides)
@@ -104,7 +104,7 @@ def measure(overrides: list[str], run_dir: Path, out: Path) -> None:
 
 def run_row(row, work: Path) -> dict:
     from tokenpo.deepspeed.dist import free_port
-    from tokenpo.trainer.launch import worker_env
+    from tokenpo.trainer.processes.launch import worker_env
 
     label, model, stage, nproc, new_tokens, ckpt, extra = row
     overrides = [*BASE, *model, f"deepspeed=zero{stage}", f"rollout.max_new_tokens={new_tokens}",

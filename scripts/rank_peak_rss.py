@@ -22,8 +22,8 @@ import psutil
 # the folder where each worker writes <mark>.rank<N>: its VmHWM in MiB before that call
 SETUP_DIR = "RANK_PEAK_RSS_SETUP_DIR"
 # the trainer's calls before which a worker records its VmHWM: models and KL reference (engine) loaded, the policy's
-# optimizer and engine not yet built (tokenpo.trainer.policy); everything built, the first step starting
-# (tokenpo.trainer.step)
+# optimizer and engine not yet built (tokenpo.trainer.core.policy); everything built, the first step starting
+# (tokenpo.trainer.core.step)
 MARKS = {"build_optimizer": "the policy's optimizer", "collect_rollouts": "the first step"}
 MARK_MODULES = {"build_optimizer": "policy", "collect_rollouts": "step"}  # the tokenpo.trainer module calling each
 

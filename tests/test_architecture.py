@@ -43,7 +43,7 @@ def runtime_imports(path: Path, known: set[str]) -> set[str]:
 
 
 def part(module: str) -> str:
-    """tokenpo.trainer.step -> trainer; tokenpo.config -> config."""
+    """tokenpo.trainer.core.step -> trainer; tokenpo.config -> config."""
     return module.split(".")[1] if "." in module else module
 
 
@@ -114,10 +114,57 @@ def test_the_cycle_check_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+LAYERS = ("core", "harness", "processes")  # tokenpo.trainer's, each importing only those before it
+
+
+def imports_anywhere(path: Path) -> set[str]:
+    """Every tokenpo module or package `path` names in an import, wherever the import is."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("tokenpo"):
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("tokenpo"))
+    return found
+
+
+def layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["tokenpo", "trainer"] and parts[2] in LAYERS else None
+
+
+def test_the_trainers_layers_import_only_those_below():
+    for name, path in modules().items():
+        if (own := layer(name)) is None:
+            continue
+        above = LAYERS[LAYERS.index(own) + 1:]
+        wrong = sorted(m for m in imports_anywhere(path) if layer(m) in above)
+        assert wrong == [], f"{name} ({own}) imports {wrong}"
+
+
+# the benchmark times the backward and the optimizer step inside the step core, which it patches for that
+INSTRUMENTS = {"tokenpo.bench.run_tokenpo"}
+
+
+def test_other_packages_import_the_trainer_through_its_facade():
+    for name, path in modules().items():
+        if name.startswith("tokenpo.trainer") or name in INSTRUMENTS:
+            continue
+        wrong = sorted(m for m in imports_anywhere(path) if layer(m) is not None)
+        assert wrong == [], f"{name} imports {wrong}: import them from tokenpo.trainer"
+
+
+def test_the_facade_names_resolve():
+    import tokenpo.trainer as trainer
+
+    for name in trainer.PUBLIC:
+        assert getattr(trainer, name) is not None, name
+
+
 def test_the_training_path_names_lora_in_two_modules():
     naming = [path.relative_to(REPO).as_posix() for path in training_path_modules()
               if re.search(r"lora|peft", code_tokens(path), re.I)]
-    assert naming == ["tokenpo/trainer/checkpoint.py", "tokenpo/trainer/policy.py"]
+    assert naming == ["tokenpo/trainer/core/policy.py", "tokenpo/trainer/harness/checkpoint.py"]
 
 
 def test_zero3_is_decided_in_one_module():

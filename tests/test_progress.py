@@ -26,7 +26,7 @@ from tokenpo.models.config import ModelConfig
 from tokenpo.models.loading import load_model
 from tokenpo.rewards import AnswerSpec
 from tokenpo.rollout.engine import Responses
-from tokenpo.trainer.checkpoint_manifest import manifest_records
+from tokenpo.trainer.harness.checkpoint_manifest import manifest_records
 
 
 class Scorer:

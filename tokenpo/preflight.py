@@ -30,7 +30,7 @@ from tokenpo.errors import ConfigError
 from tokenpo.models.locate import check_weights_available
 from tokenpo.rewards.config import RewardConfig
 from tokenpo.rewards.weighted import check_user_rewards
-from tokenpo.trainer.checkpoint import check_lora, resume_dir_on_disk
+from tokenpo.trainer import check_adapters, resume_dir_on_disk
 
 # Hydra flags that do not run a job (help, info, completion, rerun) or that pick another config tree: left to Hydra
 NOT_CHECKED_FLAGS = ("help", "hydra_help", "info", "shell_completion", "experimental_rerun", "config_path",
@@ -192,7 +192,7 @@ def check_inputs(cfg: TrainConfig, run_dir: Path) -> None:
     check_rewards_on_sample(cfg.reward, sample)
     resume_dir = resume_dir_on_disk(cfg.trainer.resume, run_dir, quick=True)
     if resume_dir is not None:
-        check_lora(resume_dir, cfg.model.lora.settings())
+        check_adapters(resume_dir, cfg.model.lora.settings())
     check_weights_available(cfg.model)
     if cfg.model.lora.enabled:
         # last: the one check that needs transformers (it lists the model's modules on the meta device)
@@ -223,7 +223,7 @@ def check_sweep_job(config_name: str, overrides: list[str], cfg: TrainConfig, sw
     import importlib
     import shutil
 
-    from tokenpo.trainer.sweep import check_objective
+    from tokenpo.trainer import check_objective
 
     hydra = compose(config_name, overrides=overrides, return_hydra_config=True).hydra
     for group, choice in (("hydra/launcher", hydra.runtime.choices.get("hydra/launcher")),

@@ -29,7 +29,7 @@ from tokenpo.plan.memory import check_memory_plan
 from tokenpo.preflight import check_command_line, check_inputs
 from tokenpo.schema import config_dict
 from tokenpo.trainer import rundir
-from tokenpo.trainer.identity import RunIdentity
+from tokenpo.trainer import RunIdentity
 from tokenpo.versions import check_supported_versions
 
 log = logging.getLogger("tokenpo")
@@ -66,7 +66,7 @@ def fail(message: str, in_sweep: bool = False) -> None:
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def hydra_main(tree: DictConfig) -> float | None:
     """One job: a single run, or one point of a sweep; returns trainer.objective at the last step (sweepers read it)."""
-    from tokenpo.trainer.launch import Requeued
+    from tokenpo.trainer import Requeued
 
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
@@ -84,7 +84,7 @@ def hydra_main(tree: DictConfig) -> float | None:
 
 def job_world(nproc: int) -> int:
     """The job's process count under an external launcher or a submitit job of several tasks (1 otherwise)."""
-    from tokenpo.trainer.launch import adopt_submitit_environment, external_world_size, local_world_size
+    from tokenpo.trainer import adopt_submitit_environment, external_world_size, local_world_size
 
     if adopt_submitit_environment():
         if nproc != local_world_size():
@@ -99,7 +99,7 @@ def job_world(nproc: int) -> int:
 def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
     from tokenpo.deepspeed.build_locks import check_build_locks
     from tokenpo.trainer import sweep
-    from tokenpo.trainer.launch import hand_over_stop, launch_local_workers
+    from tokenpo.trainer import hand_over_stop, launch_local_workers
 
     cfg = build_config(tree)
     sweep.restore_start_method()
@@ -129,7 +129,7 @@ def run_job(tree: DictConfig, in_sweep: bool) -> float | None:
     if cfg.trainer.nproc > 1 and world == 1:
         # after the checks that need no torch: counting CUDA devices imports it
         from tokenpo.deepspeed.dist import visible_cuda_devices
-        from tokenpo.trainer.launch import check_local_devices
+        from tokenpo.trainer import check_local_devices
 
         check_local_devices(cfg.trainer.nproc, visible_cuda_devices())
     # the data and tokenizer (seconds, no weights): the real prompt lengths for the context check and the memory plan
@@ -191,7 +191,7 @@ def start_run_dir(run_dir: Path, resume: str, tree: DictConfig) -> None:
 def run_here(cfg, identity: RunIdentity, world: int) -> dict:
     """Train in this process; under an external launcher every rank takes rank 0's run dir and names."""
     from tokenpo.deepspeed import dist
-    from tokenpo.trainer.loop import train
+    from tokenpo.trainer import train
 
     if world > 1:
         dist.init_distributed(cfg.deepspeed.backend, cfg.trainer.dist_timeout_s)
@@ -204,7 +204,7 @@ def run_here(cfg, identity: RunIdentity, world: int) -> dict:
 
 def main() -> None:
     from tokenpo.progress import quiet_library_bars
-    from tokenpo.trainer.launch import adopt_slurm_environment, external_launcher_argv
+    from tokenpo.trainer import adopt_slurm_environment, external_launcher_argv
 
     quiet_library_bars()
     try:

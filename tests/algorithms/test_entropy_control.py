@@ -8,7 +8,7 @@ from tokenpo.algorithms import needs_entropy_grad
 from tokenpo.algorithms.entropy_control import (EntropyCoef, adaptive_entropy_coef, next_entropy_coef,
                                                 step_entropy_coef)
 from tokenpo.errors import ConfigError
-from tokenpo.trainer.state import RunState
+from tokenpo.trainer.harness.state import RunState
 
 
 def test_up_below_target_down_above_clipped_to_zero_and_c_max():

@@ -68,7 +68,7 @@ def one_update(stage: int, way: str) -> dict[str, torch.Tensor]:
     inputs, targets = rank_rows(dist.rank())
     for batch_inputs, batch_targets in micro_batches(way, inputs, targets):
         loss = loss_share(engine, batch_inputs, batch_targets, global_rows=world * sum(MICRO_ROWS))
-        # as tokenpo.trainer.policy.Policy.backward does: DeepSpeed averages gradients over ranks
+        # as tokenpo.trainer.core.policy.Policy.backward does: DeepSpeed averages gradients over ranks
         engine.backward(loss * world, scale_wrt_gas=False)
     engine.step()
     after = full_weights(engine.module)

@@ -34,11 +34,11 @@ from tokenpo.deepspeed import dist
 from tokenpo.evaluation.run import EvalTask, TextSampler, evaluate
 from tokenpo.rewards import CORRECT, WRONG, answer_spec
 from tokenpo.rollout.engine import SamplingParams, build_generator
-from tokenpo.trainer.policy import Policy
-from tokenpo.trainer.rollouts import StepRollouts, rollout_batch
-from tokenpo.trainer.step import StepSettings, update_policy
-from tokenpo.trainer.timings import Timings
-from tokenpo.trainer.worst_case import run_worst_case
+from tokenpo.trainer.core.policy import Policy
+from tokenpo.trainer.core.rollouts import StepRollouts, rollout_batch
+from tokenpo.trainer.core.step import StepSettings, update_policy
+from tokenpo.trainer.core.timings import Timings
+from tokenpo.trainer.core.worst_case import run_worst_case
 
 TIMEOUT_S = 60
 GROUPS, GROUP_SIZE, MAX_NEW = 8, 2, 24

@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM
 from support.config import compose_config
 from tokenpo.models.loading import load_model
 from tokenpo.models.logprobs import with_response_pass
-from tokenpo.trainer.optim import step_lr
-from tokenpo.trainer.policy import Policy, PolicySettings
+from tokenpo.trainer.core.optim import step_lr
+from tokenpo.trainer.core.policy import Policy, PolicySettings
 
 # float noise: summation order differs between 1 and 2 processes and between micro-batchings; Adam turns it
 # into a few 1e-6 on weights whose gradient nearly cancels (advantages sum to zero within a group)

@@ -20,7 +20,7 @@ from tokenpo.deepspeed.config import DeepSpeedConfig
 from tokenpo.deepspeed.engine import build_policy_engine, partitioned_loading
 from tokenpo.errors import ConfigError
 from tokenpo.models.loading import load_model
-from tokenpo.trainer.optim import build_optimizer
+from tokenpo.trainer.core.optim import build_optimizer
 
 STAGES = (0, 1, 2, 3)
 LORA = {"full": [], "lora": ["model.lora.rank=4"]}

@@ -19,9 +19,9 @@ from tokenpo.deepspeed import dist  # noqa: E402
 from tokenpo.deepspeed.engine import build_policy_engine  # noqa: E402
 from tokenpo.deepspeed.export import zero3_16bit_state_dict  # noqa: E402
 from tokenpo.models.loading import load_model  # noqa: E402
-from tokenpo.trainer.optim import build_optimizer  # noqa: E402
-from tokenpo.trainer.policy import Policy, PolicySettings  # noqa: E402
-from tokenpo.trainer.state import save_policy  # noqa: E402
+from tokenpo.trainer.core.optim import build_optimizer  # noqa: E402
+from tokenpo.trainer.core.policy import Policy, PolicySettings  # noqa: E402
+from tokenpo.trainer.harness.state import save_policy  # noqa: E402
 
 
 def shared_keys(state: dict) -> list[list[str]]:

@@ -24,11 +24,11 @@ from tokenpo.models.loading import load_model
 from tokenpo.models.logprobs import with_response_pass
 from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG
 from tokenpo.rollout.engine import SamplingParams, build_generator
-from tokenpo.trainer.optim import build_optimizer
-from tokenpo.trainer.policy import Policy, PolicySettings
-from tokenpo.trainer.rollouts import rollout_batch
-from tokenpo.trainer.step import StepSettings, update_policy
-from tokenpo.trainer.timings import Timings
+from tokenpo.trainer.core.optim import build_optimizer
+from tokenpo.trainer.core.policy import Policy, PolicySettings
+from tokenpo.trainer.core.rollouts import rollout_batch
+from tokenpo.trainer.core.step import StepSettings, update_policy
+from tokenpo.trainer.core.timings import Timings
 
 STAGES = ("zero0", "zero1", "zero2", "zero3", "zero3_offload")
 # how a rank's share of a mini-batch splits into passes: all of it in one, one group of 2 per pass, a token budget

@@ -28,7 +28,7 @@ from tokenpo.evaluation.cli import build_eval_run, run_evaluation
 from tokenpo.evaluation.run import TextSampler
 from tokenpo.rewards import RewardScorer
 from tokenpo.rollout.engine import Responses
-from tokenpo.trainer.evals import Evaluator
+from tokenpo.trainer.harness.evals import Evaluator
 
 REPO = Path(__file__).resolve().parents[2]
 MATH500 = REPO / "tests" / "data" / "fixtures" / "math500.jsonl"

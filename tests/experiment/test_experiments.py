@@ -27,8 +27,8 @@ from tokenpo import CONF_DIR
 from tokenpo.algorithms import needs_entropy, needs_reference
 from tokenpo.config import TrainConfig, build_config
 from tokenpo.data.config import data_config_from_dict
-from tokenpo.trainer.identity import RunIdentity
-from tokenpo.trainer.loop import train
+from tokenpo.trainer.harness.identity import RunIdentity
+from tokenpo.trainer.harness.loop import train
 
 EXPERIMENTS_DOC = Path(__file__).resolve().parents[2] / "docs" / "experiments.md"
 EXPERIMENT_DIR = Path(CONF_DIR) / "experiment"

@@ -17,7 +17,7 @@ from wandb.proto import wandb_internal_pb2
 
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.logger.run_logger import RunLogger
-from tokenpo.trainer.identity import RunIdentity
+from tokenpo.trainer.harness.identity import RunIdentity
 from tokenpo.logger.wandb_files import history_steps, offline_steps, records
 
 # a training process that logs steps 0-3 and is then killed
@@ -26,7 +26,7 @@ import os, signal, sys
 from pathlib import Path
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.logger.run_logger import RunLogger
-from tokenpo.trainer.identity import RunIdentity
+from tokenpo.trainer.harness.identity import RunIdentity
 run_dir = Path(sys.argv[1])
 logger = RunLogger(LoggerConfig(mode="offline"), RunIdentity(run_dir, "r", "g", {}), enabled=True)
 (run_dir / "wandb_id").write_text(logger.wandb_id)

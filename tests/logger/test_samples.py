@@ -16,7 +16,7 @@ from support.env import REPO, cli_env
 from tokenpo.errors import ConfigError
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.logger.run_logger import RunLogger
-from tokenpo.trainer.identity import RunIdentity
+from tokenpo.trainer.harness.identity import RunIdentity
 from tokenpo.logger.samples import EVAL_COLUMNS, ROLLOUT_COLUMNS, eval_rows, spread
 from tokenpo.logger.wandb_files import records
 

@@ -19,7 +19,7 @@ from tokenpo.deepspeed import dist
 from tokenpo.deepspeed.engine import build_policy_engine
 from tokenpo.models.loading import load_model
 from tokenpo.models.weight_stream import policy_weights
-from tokenpo.trainer.optim import build_optimizer
+from tokenpo.trainer.core.optim import build_optimizer
 
 
 # the LoRA policy of the test: rank 4 on every linear layer

@@ -20,7 +20,7 @@ def test_the_longest_prompt_is_counted_from_the_data_under_the_template():
     cfg = compose_train_config(["model=tiny"])
     tokenizer = tiny_tokenizer(cfg.model)
     train, _ = load_splits(cfg.data, cfg.seed, tokenizer)
-    # as the trainer encodes a prompt (tokenpo.trainer.source.PromptCache)
+    # as the trainer encodes a prompt (tokenpo.trainer.core.source.PromptCache)
     longest = max(len(capped_prompt_ids(ex.problem, tokenizer, cfg.data)) for ex in train)
     lengths = run_prompt_lengths(cfg)
     # 82: the longest arithmetic prompt in the tiny tokenizer's bytes, as the worst-case pass met it (docs/performance.md)

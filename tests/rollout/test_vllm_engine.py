@@ -30,7 +30,7 @@ from tokenpo.models.logprobs import PassOptions, response_logprobs  # noqa: E402
 from tokenpo.rollout import Published, SamplingParams, build_generator  # noqa: E402
 from tokenpo.rollout.config import RolloutConfig  # noqa: E402
 from tokenpo.models.weight_stream import policy_weights  # noqa: E402
-from tokenpo.trainer.batch import pad_groups  # noqa: E402
+from tokenpo.trainer.core.batch import pad_groups  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -64,7 +64,7 @@ def engine(setup):
 
 
 def trainer_logprobs(model, tokenizer, prompts, responses, group_size):
-    """The trainer's log-probs of the responses (list of 1-D tensors), as tokenpo.trainer.step.row_logprobs has them."""
+    """The trainer's log-probs of the responses (list of 1-D tensors), as tokenpo.trainer.core.step.row_logprobs has them."""
     tokens = pad_groups(prompts, responses, tokenizer.pad_token_id, torch.device("cpu"))
     with torch.no_grad():
         logp, _ = response_logprobs(model, tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids,

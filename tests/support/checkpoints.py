@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from tokenpo.trainer.policy import Policy, PolicySettings
-from tokenpo.trainer.state import save_policy
+from tokenpo.trainer.core.policy import Policy, PolicySettings
+from tokenpo.trainer.harness.state import save_policy
 
 
 class FakeEngine:

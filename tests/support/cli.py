@@ -22,14 +22,14 @@ GUARDED_TRAIN = f"""
 import atexit
 import sys
 import tokenpo.train
-import tokenpo.trainer.launch
+import tokenpo.trainer.processes.launch
 
 atexit.register(lambda: print("HEAVY MODULES IMPORTED:", *[m for m in {HEAVY_MODULES!r} if m in sys.modules]))
 
 def heavy_work(*args, **kwargs):
     sys.exit("HEAVY WORK STARTED")
 
-tokenpo.train.run_here = tokenpo.trainer.launch.launch_local_workers = heavy_work
+tokenpo.train.run_here = tokenpo.trainer.processes.launch.launch_local_workers = heavy_work
 tokenpo.train.main()
 """
 

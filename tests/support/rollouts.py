@@ -13,10 +13,10 @@ from tokenpo.data import Example, PromptSampler
 from tokenpo.rewards import CORRECT, GOLD_INVALID, WRONG, Judged, Question, RewardConfig, resolve
 from tokenpo.rollout.engine import Responses, SamplingParams
 from tokenpo.rollout.generator import AnsweredNow
-from tokenpo.trainer.batch import RolloutBatch
-from tokenpo.trainer.source import Prompts, RolloutSource, Schedule
-from tokenpo.trainer.step import collect_rollouts
-from tokenpo.trainer.timings import Timings
+from tokenpo.trainer.core.batch import RolloutBatch
+from tokenpo.trainer.core.source import Prompts, RolloutSource, Schedule
+from tokenpo.trainer.core.step import collect_rollouts
+from tokenpo.trainer.core.timings import Timings
 
 G = 2
 # a group's verdicts: mixed, all right, all wrong, gold answer that does not parse

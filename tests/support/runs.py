@@ -20,8 +20,8 @@ from support.config import compose_config
 from support.env import pythonpath
 from tokenpo.data import Example
 from tokenpo.deepspeed.dist import free_port
-from tokenpo.trainer.launch import supervise, worker_env
-from tokenpo.trainer.rollouts import StepRollouts
+from tokenpo.trainer.processes.launch import supervise, worker_env
+from tokenpo.trainer.core.rollouts import StepRollouts
 
 
 def run_ranks(script: Path, args: list[str], nproc: int, log_dir: Path, timeout_s: float = 240) -> None:
@@ -56,7 +56,7 @@ def wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: flo
 
 
 def fixed_rollouts(vocab_size: int, verdicts: list[list], max_new: int, seed: int) -> StepRollouts:
-    """A step's rollouts that depend on nothing but `seed` (tokenpo.trainer.rollouts.rollout_batch makes the batch of
+    """A step's rollouts that depend on nothing but `seed` (tokenpo.trainer.core.rollouts.rollout_batch makes the batch of
     them): one group per row of `verdicts` (its responses' verdicts), random prompts and responses of varied lengths
     (1 to `max_new` tokens)."""
     gen = torch.Generator().manual_seed(seed)
@@ -89,8 +89,8 @@ def skewed_rollouts(vocab_size: int, verdicts: list[list], max_new: int, seed: i
 
 def train_run(run_dir: Path, overrides: list[str]) -> dict:
     """train() in this process (every rank calls it) into `run_dir`."""
-    from tokenpo.trainer.identity import RunIdentity
-    from tokenpo.trainer.loop import train
+    from tokenpo.trainer.harness.identity import RunIdentity
+    from tokenpo.trainer.harness.loop import train
 
     cfg, resolved = compose_config(overrides)
     run_dir.mkdir(parents=True, exist_ok=True)

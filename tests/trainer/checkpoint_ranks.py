@@ -13,9 +13,10 @@ import torch
 import torch.distributed
 
 from tokenpo.deepspeed import dist
-from tokenpo.trainer import checkpoint, checkpoint_manifest
-from tokenpo.trainer.policy import Policy, PolicySettings
-from tokenpo.trainer.state import save_policy
+from tokenpo.trainer.harness import checkpoint
+from tokenpo.trainer.harness import checkpoint_manifest
+from tokenpo.trainer.core.policy import Policy, PolicySettings
+from tokenpo.trainer.harness.state import save_policy
 
 
 class ShardedEngine:

@@ -1,5 +1,5 @@
 """Run as 2 ranks (gloo) by test_gather_rows.py: gather per-row tensors of uneven lengths as a step gathers the old
-policy's entropy (tokenpo.trainer.step.gather_rows, tensor all_gathers) and as the trainer did before (pickled
+policy's entropy (tokenpo.trainer.core.step.gather_rows, tensor all_gathers) and as the trainer did before (pickled
 dicts through all_gather_object), and tensors of uneven shapes through dist.all_gather_rows. Each rank writes
 <out>/rank<r>.pt with what it got."""
 
@@ -12,8 +12,8 @@ import torch
 import torch.distributed
 
 from tokenpo.deepspeed import dist
-from tokenpo.trainer.batch import pad_to
-from tokenpo.trainer.step import gather_rows
+from tokenpo.trainer.core.batch import pad_to
+from tokenpo.trainer.core.step import gather_rows
 
 GROUPS, GROUP_SIZE, MAX_LEN = 5, 3, 9  # 5 groups over 2 ranks: rank 0 holds 3 of them, rank 1 two
 

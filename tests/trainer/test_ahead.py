@@ -1,4 +1,4 @@
-"""Generation ahead of the update (rollout.async.max_staleness, tokenpo.trainer.source.Schedule): each step's batch is sampled
+"""Generation ahead of the update (rollout.async.max_staleness, tokenpo.trainer.core.source.Schedule): each step's batch is sampled
 by the policy version the staleness bound names, exactly; the behaviour log-probs come from the generator process;
 a run samples the same every time and resumes exactly with rounds in flight; k = 0 takes the synchronous path."""
 
@@ -15,7 +15,7 @@ from support.config import ALGORITHM_NAMES, SMALL
 from support.env import cli_env
 from support.metrics import by_step, deterministic, read_metrics
 from support.runs import in_process_training, train_run
-from tokenpo.trainer import step as trainer_step
+from tokenpo.trainer.core import step as trainer_step
 from tokenpo.errors import ConfigError
 from tokenpo.rollout.ahead import generator_device
 from tokenpo.rollout.generator import version_for
@@ -76,10 +76,10 @@ def test_a_run_stopped_with_rounds_in_flight_resumes_to_the_uninterrupted_metric
             os.kill(os.getpid(), signal.SIGTERM)
         return result
 
-    monkeypatch.setattr("tokenpo.trainer.loop.train_step", stop_after_step_2)
+    monkeypatch.setattr("tokenpo.trainer.harness.loop.train_step", stop_after_step_2)
     stopped = run(tmp_path, "resumed", *ahead)
     assert sorted(stopped) == [1, 2]
-    monkeypatch.setattr("tokenpo.trainer.loop.train_step", step_fn)
+    monkeypatch.setattr("tokenpo.trainer.harness.loop.train_step", step_fn)
     resumed = run(tmp_path, "resumed", *ahead)
     assert sorted(resumed) == [1, 2, 3, 4]
     for step in range(1, STEPS + 1):

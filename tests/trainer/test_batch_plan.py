@@ -1,4 +1,4 @@
-"""The update plan (tokenpo.trainer.batch): every row trained once per mini-batch, each rank the same number of
+"""The update plan (tokenpo.trainer.core.batch): every row trained once per mini-batch, each rank the same number of
 passes, token budgets kept, and groups dealt to ranks by tokens so the busiest rank is close to the mean."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from tokenpo.trainer.batch import (BatchSplit, MicroBatch, assign_groups, split_to_count, token_micro_batches,
+from tokenpo.trainer.core.batch import (BatchSplit, MicroBatch, assign_groups, split_to_count, token_micro_batches,
                                    update_plan)
 
 

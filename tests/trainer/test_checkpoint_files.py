@@ -14,8 +14,8 @@ import torch
 
 from support.checkpoints import FakeEngine, flip_byte, policy, save, saved_run
 from tokenpo.errors import ConfigError
-from tokenpo.trainer import checkpoint
-from tokenpo.trainer.state import load_policy
+from tokenpo.trainer.harness import checkpoint
+from tokenpo.trainer.harness.state import load_policy
 
 
 def test_save_renames_into_place_and_points_latest(tmp_path):
@@ -285,9 +285,9 @@ def test_quick_lookup_checks_sizes_without_hashing_or_logging(tmp_path, caplog):
 def test_resume_check_covers_full_fine_tuning_both_ways(tmp_path):
     full = {"step": 1, "world_size": 1, "zero_stage": 2}  # a full fine-tuning checkpoint records no lora key
     (tmp_path / checkpoint.META).write_text(json.dumps(full))
-    checkpoint.check_lora(tmp_path, None)
+    checkpoint.check_adapters(tmp_path, None)
     with pytest.raises(ConfigError, match="was trained with full fine-tuning: resume it with model.lora.rank=0"):
-        checkpoint.check_lora(tmp_path, {"rank": 2})
+        checkpoint.check_adapters(tmp_path, {"rank": 2})
     (tmp_path / checkpoint.META).write_text(json.dumps(full | {"lora": {"rank": 2}}))
     with pytest.raises(ConfigError, match="was trained with LoRA rank 2: resume it with model.lora.rank=2"):
-        checkpoint.check_lora(tmp_path, None)
+        checkpoint.check_adapters(tmp_path, None)

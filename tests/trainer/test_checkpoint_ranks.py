@@ -10,8 +10,8 @@ import pytest
 
 from support.checkpoints import flip_byte, save
 from support.runs import run_ranks
-from tokenpo.trainer import checkpoint
-from tokenpo.trainer.checkpoint_manifest import owner
+from tokenpo.trainer.harness import checkpoint
+from tokenpo.trainer.harness.checkpoint_manifest import owner
 
 RANK0 = ["mp_rank_00_model_states.pt", "tokenpo.json"]
 

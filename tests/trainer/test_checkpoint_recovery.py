@@ -13,7 +13,7 @@ from support.config import SMALL
 from support.metrics import by_step, deterministic, read_metrics
 from support.runs import in_process_training, train_run
 from tokenpo.errors import ConfigError
-from tokenpo.trainer import checkpoint
+from tokenpo.trainer.harness import checkpoint
 
 pytestmark = pytest.mark.slow
 

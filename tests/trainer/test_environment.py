@@ -3,7 +3,7 @@ import logging
 
 import torch
 
-from tokenpo.trainer.environment import ENVIRONMENT_FILE, numerics_environment, processor_name, record_environment
+from tokenpo.trainer.harness.environment import ENVIRONMENT_FILE, numerics_environment, processor_name, record_environment
 
 
 def test_processor_name_is_the_cpuinfo_model_name(tmp_path):

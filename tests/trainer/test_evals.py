@@ -1,4 +1,4 @@
-"""Evaluation during training (tokenpo.trainer.evals): every benchmark's metrics merged, the main one's accuracy as
+"""Evaluation during training (tokenpo.trainer.harness.evals): every benchmark's metrics merged, the main one's accuracy as
 eval/accuracy, the records of a before/after point in their files, sample tables for every benchmark."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from tokenpo.evaluation.config import EvalConfig
 from tokenpo.logger.config import LoggerConfig
 from tokenpo.logger.run_logger import RunLogger
 from tokenpo.evaluation.benchmark import Benchmark
-from tokenpo.trainer.evals import AFTER, BEFORE, evaluate_benchmarks
-from tokenpo.trainer.identity import RunIdentity
+from tokenpo.trainer.harness.evals import AFTER, BEFORE, evaluate_benchmarks
+from tokenpo.trainer.harness.identity import RunIdentity
 
 
 def record(uid: str, verdict: str) -> dict:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from support.runs import run_ranks
 
-from tokenpo.trainer.step import gather_rows
+from tokenpo.trainer.core.step import gather_rows
 
 
 @pytest.fixture(scope="module")

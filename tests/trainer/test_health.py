@@ -1,4 +1,4 @@
-"""Runs that watch themselves (trainer.health, tokenpo.trainer.health): each detector's logic on hand-built metric
+"""Runs that watch themselves (trainer.health, tokenpo.trainer.harness.health): each detector's logic on hand-built metric
 sequences; the update guard on a plain optimizer; tiny runs of the real trainer built to trip each detector (a
 non-finite loss never reaches the weights, under ZeRO 0-3); the stop and the resume that carries the detectors'
 state; and the committed metrics of the main job replayed through the default config, on which none fires."""
@@ -21,12 +21,13 @@ from tokenpo import algorithms as alg
 from tokenpo.errors import ConfigError
 from tokenpo.rollout.engine import ENGINES
 from tokenpo.rollout.hf import HFEngine
-from tokenpo.trainer import health, step as step_module
+from tokenpo.trainer.harness import health
+from tokenpo.trainer.core import step as step_module
 from tokenpo.trainer.config import HealthConfig
-from tokenpo.trainer.source import RolloutSource
+from tokenpo.trainer.core.source import RolloutSource
 from tokenpo.trainer.config import DETECTORS
-from tokenpo.trainer.health import Bound, ConstantReward, Detectors, Entropy, HealthStop, config_with, replay
-from tokenpo.trainer.update_guard import UpdateGuard
+from tokenpo.trainer.harness.health import Bound, ConstantReward, Detectors, Entropy, HealthStop, config_with, replay
+from tokenpo.trainer.core.update_guard import UpdateGuard
 
 MAIN_JOB = REPO / "docs" / "data" / "main_job" / "metrics.jsonl"
 
@@ -456,7 +457,7 @@ def test_stop_saves_a_checkpoint_and_a_resume_carries_the_detectors_state(tmp_pa
 def test_an_alert_is_one_warning_line_and_a_wandb_alert(tmp_path, caplog):
     from tokenpo.logger.config import LoggerConfig
     from tokenpo.logger.run_logger import RunLogger
-    from tokenpo.trainer.identity import RunIdentity
+    from tokenpo.trainer.harness.identity import RunIdentity
 
     sent = []
 
@@ -480,7 +481,7 @@ def test_an_alert_is_one_warning_line_and_a_wandb_alert(tmp_path, caplog):
 
 
 def test_the_run_state_carries_the_health_state_in_its_checkpoint_client_state():
-    from tokenpo.trainer.state import RunState
+    from tokenpo.trainer.harness.state import RunState
 
     detectors = Detectors(config_with(["entropy.reference_steps=1"]))
     detectors.observe({"reward/correct_frac": 0.0, "entropy/mean": 2.0})

@@ -21,7 +21,7 @@ from support.config import SMALL
 from support.env import cli_env
 from support.metrics import by_step, read_metrics
 from support.runs import wait_for_step
-from tokenpo.trainer import launch
+from tokenpo.trainer.processes import launch
 
 PY = sys.executable
 
@@ -78,7 +78,7 @@ def test_sigterm_to_the_job_is_forwarded_to_every_worker(tmp_path):
 
 
 # a worker that calls die_with_launcher, then creates the file named by its first argument (if any) and sleeps
-DYING_WORKER = ("from tokenpo.trainer.launch import die_with_launcher; import pathlib, sys, time; die_with_launcher(); "
+DYING_WORKER = ("from tokenpo.trainer.processes.launch import die_with_launcher; import pathlib, sys, time; die_with_launcher(); "
                 "[pathlib.Path(name).touch() for name in sys.argv[1:]]; time.sleep(60)")
 
 
@@ -101,7 +101,7 @@ def wait_until_gone(pids: list[int], timeout: float) -> list[int]:
 def test_a_worker_dies_when_its_job_is_killed(tmp_path):
     ready = tmp_path / "ready"
     # the "job" starts a worker with the launcher's environment, reports its pid, then waits
-    job_code = ("import subprocess, sys, time; from tokenpo.trainer.launch import worker_env; "
+    job_code = ("import subprocess, sys, time; from tokenpo.trainer.processes.launch import worker_env; "
                 f"w = subprocess.Popen([sys.executable, '-c', {DYING_WORKER!r}, {str(ready)!r}], "
                 "env=worker_env(0, 1, 0)); "
                 "print(w.pid, flush=True); time.sleep(60)")

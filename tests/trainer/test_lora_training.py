@@ -19,7 +19,7 @@ from support.runs import in_process_training, train_run
 from tokenpo.deepspeed import engine
 from tokenpo.errors import ConfigError
 from tokenpo.models.lora import peft_quietly
-from tokenpo.trainer import policy
+from tokenpo.trainer.core import policy
 
 # four tiny runs: ~25 s on an idle 2-core machine
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
 """A micro-batch below a group (trainer.micro_batch_size < rollout.group_size) splits the group's rows over several
-forward/backward passes (tokenpo.trainer.batch.group_micro_batches) and leaves the update unchanged: group
+forward/backward passes (tokenpo.trainer.core.batch.group_micro_batches) and leaves the update unchanged: group
 statistics and loss normalisers come from the whole batch before the micro-batch loop."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from tokenpo.models.loading import load_model
 from tokenpo.models.logprobs import with_response_pass
 from tokenpo.plan.memory import with_values
 from tokenpo.rewards import CORRECT, WRONG
-from tokenpo.trainer import worst_case
-from tokenpo.trainer.batch import MicroBatch, group_micro_batches
-from tokenpo.trainer.rollouts import rollout_batch
-from tokenpo.trainer.policy import Policy, PolicySettings
-from tokenpo.trainer.step import StepSettings, update_policy
-from tokenpo.trainer.timings import Timings
+from tokenpo.trainer.core import worst_case
+from tokenpo.trainer.core.batch import MicroBatch, group_micro_batches
+from tokenpo.trainer.core.rollouts import rollout_batch
+from tokenpo.trainer.core.policy import Policy, PolicySettings
+from tokenpo.trainer.core.step import StepSettings, update_policy
+from tokenpo.trainer.core.timings import Timings
 
 ALGORITHMS = ALGORITHM_NAMES  # every conf/algorithm/*.yaml
 GROUPS, GROUP_SIZE, MAX_NEW = 4, 4, 8
@@ -203,7 +203,7 @@ def test_token_budgets_and_packing_are_exact_with_every_aggregation_and_option(m
 
 
 def test_the_worst_case_pass_trains_the_largest_slice_of_a_group(monkeypatch):
-    """Before step 1 (tokenpo.trainer.worst_case): the no-grad passes in the run's slices, the pass with grad on the
+    """Before step 1 (tokenpo.trainer.core.worst_case): the no-grad passes in the run's slices, the pass with grad on the
     largest one (3 of a group's 4 rows), not the whole group."""
     cfg, tokenizer, model, reference = algorithm_setup("gtpo")
     cfg = with_values(cfg, trainer__micro_batch_size=3)

@@ -14,7 +14,7 @@ import torch
 from support.env import REPO, cli_env
 from support.metrics import by_step, read_metrics
 from tokenpo.trainer.config import TrainerConfig
-from tokenpo.trainer.optim import build_optimizer, lr_factor, set_step_lr
+from tokenpo.trainer.core.optim import build_optimizer, lr_factor, set_step_lr
 
 # warm-up over rollout steps 1-2 (1/3, 2/3 of the peak), decay over steps 3-5: progress (k - 3) / 3
 EXPECTED_FACTORS = {

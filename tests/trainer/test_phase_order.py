@@ -15,7 +15,9 @@ from support.config import SMALL
 from support.runs import in_process_training, train_run
 from tokenpo.rollout.engine import ENGINES
 from tokenpo.rollout.hf import HFEngine
-from tokenpo.trainer import evals, loop, step
+from tokenpo.trainer.harness import evals
+from tokenpo.trainer.harness import loop
+from tokenpo.trainer.core import step
 
 # the trainer's phases (recorded around the loop's own functions) and the engine's calls, in the order they ran
 EXPECTED = [

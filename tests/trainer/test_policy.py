@@ -9,8 +9,8 @@ from support.config import SMALL, compose_config
 from support.runs import in_process_training
 
 from tokenpo.deepspeed import dist
-from tokenpo.trainer.batch import pad_groups
-from tokenpo.trainer.policy import Policy
+from tokenpo.trainer.core.batch import pad_groups
+from tokenpo.trainer.core.policy import Policy
 
 KL = ["algorithm=grpo", "algorithm.loss.kl_coef=0.04"]
 

@@ -30,8 +30,8 @@ from support.env import cli_env
 from support.metrics import by_step, deterministic, read_metrics
 from support.runs import in_process_training, train_run, wait_for_step
 import tokenpo.train
-from tokenpo.trainer import launch
-from tokenpo.trainer import step as trainer_step
+from tokenpo.trainer.processes import launch
+from tokenpo.trainer.core import step as trainer_step
 
 PY = sys.executable
 RUN = SMALL + ["trainer.max_steps=4"]

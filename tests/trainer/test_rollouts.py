@@ -13,9 +13,9 @@ import pytest
 from support.rollouts import G, NUM_EXAMPLES, Scripted
 from tokenpo.errors import ConfigError
 from tokenpo.rewards import CORRECT, WRONG
-from tokenpo.trainer import step as trainer_step
-from tokenpo.trainer.rollouts import StepRollouts, dynamic_sampling_metrics
-from tokenpo.trainer.source import RolloutSource
+from tokenpo.trainer.core import step as trainer_step
+from tokenpo.trainer.core.rollouts import StepRollouts, dynamic_sampling_metrics
+from tokenpo.trainer.core.source import RolloutSource
 
 
 def metrics(batch) -> dict[str, float]:

@@ -15,7 +15,7 @@ import yaml
 from support.config import SMALL
 from support.env import cli_env
 from support.metrics import read_metrics
-from tokenpo.trainer import rundir
+from tokenpo.trainer.harness import rundir
 
 EARLIER = {".hydra/overrides.yaml": "- seed=7\n", "metrics.jsonl": '{"step": 0}\n', "eval_before.json": "{}",
            "eval_after.json": "{}", "eval_after.arith_transfer.json": "{}", "summary.json": "{}", "final/config.json": "{}", "wandb/latest-run": "x",

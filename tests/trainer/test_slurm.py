@@ -16,8 +16,8 @@ from support.env import RANK_VARS, cli_env
 from support.metrics import by_step, read_metrics
 from tokenpo.deepspeed.dist import free_port
 from tokenpo.errors import ConfigError
-from tokenpo.trainer import launch
-from tokenpo.trainer.launch import Ranks, first_host, slurm_ranks, tasks_on_node
+from tokenpo.trainer.processes import launch
+from tokenpo.trainer.processes.launch import Ranks, first_host, slurm_ranks, tasks_on_node
 
 # task 6 of an 8-task job on two nodes (4 tasks each), as srun sets it
 TASK_6 = {"SLURM_NTASKS": "8", "SLURM_PROCID": "6", "SLURM_LOCALID": "2", "SLURM_NODEID": "1",

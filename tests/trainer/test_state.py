@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tokenpo.trainer.state import RunState
+from tokenpo.trainer.harness.state import RunState
 
 
 def test_the_client_state_keeps_the_on_disk_keys_and_reads_back():

@@ -27,8 +27,8 @@ from tokenpo import preflight
 from tokenpo.compare.identical import deterministic_rows, differences
 from tokenpo.errors import ConfigError
 from tokenpo.train import is_run_control
-from tokenpo.trainer import sweep
-from tokenpo.trainer.launch import adopt_submitit_environment
+from tokenpo.trainer.processes import sweep
+from tokenpo.trainer.processes.launch import adopt_submitit_environment
 
 
 def start_error(*argv: str) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from support.config import SMALL
 from support.runs import in_process_training, train_run
-from tokenpo.trainer import policy
+from tokenpo.trainer.core import policy
 
 
 @pytest.mark.e2e

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tokenpo.trainer import worker
-from tokenpo.trainer.rundir import RESOLVED
+from tokenpo.trainer.processes import worker
+from tokenpo.trainer.harness.rundir import RESOLVED
 
 
 def test_a_worker_removes_a_stale_build_lock_before_it_trains(tmp_path, monkeypatch, caplog):

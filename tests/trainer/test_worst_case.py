@@ -14,9 +14,9 @@ from support.config import SMALL
 from support.metrics import by_step, deterministic, read_metrics
 from support.runs import in_process_training, train_run
 from tokenpo.errors import ConfigError
-from tokenpo.trainer import checkpoint
-from tokenpo.trainer import step as trainer_step
-from tokenpo.trainer.policy import Policy
+from tokenpo.trainer.harness import checkpoint
+from tokenpo.trainer.core import step as trainer_step
+from tokenpo.trainer.core.policy import Policy
 
 # every pass the check repeats: old log-probs (2 mini-batches), the KL reference (GRPO's beta), the entropy's
 # gradient; ZeRO-2 accumulates the zero gradients the check leaves in its own partitions

@@ -88,11 +88,11 @@ def worker(args) -> dict:
     from tokenpo.deepspeed import dist
     from tokenpo.plan.cli import compose_train_config
     from tokenpo.rewards import CORRECT, WRONG
-    from tokenpo.trainer.policy import Policy
-    from tokenpo.trainer.batch import RolloutBatch
-    from tokenpo.trainer.rollouts import StepRollouts, rollout_batch
-    from tokenpo.trainer.step import StepSettings, update_policy
-    from tokenpo.trainer.timings import Timings
+    from tokenpo.trainer import Policy
+    from tokenpo.trainer import RolloutBatch
+    from tokenpo.trainer import StepRollouts, rollout_batch
+    from tokenpo.trainer import StepSettings, update_policy
+    from tokenpo.trainer import Timings
 
     cfg = compose_train_config(overrides(args, args.layout, args.checkpointing))
     torch.set_num_threads(args.threads)

@@ -74,7 +74,7 @@ def logprob_timings(settings: BenchSettings, repeats: int = 2) -> dict:
     """Seconds of tokenpo's response_logprobs vs the plain pass on one micro-batch of real rollouts:
     no-grad (the reference pass) and forward + backward (the update)."""
     from tokenpo.models.logprobs import PassOptions, response_logprobs
-    from tokenpo.trainer.batch import pad_groups
+    from tokenpo.trainer import pad_groups
 
     model, tokenizer, cfg, prompts, responses = step_rollout(settings)
     groups = settings.sequences_per_pass // settings.group_size

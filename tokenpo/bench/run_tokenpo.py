@@ -1,8 +1,8 @@
-"""Time tokenpo's RL steps through the real trainer: tokenpo.trainer.loop.train on a composed config.
+"""Time tokenpo's RL steps through the real trainer: tokenpo.trainer.harness.loop.train on a composed config.
 
 The phases come from the trainer's own metrics.jsonl (timing/*_s). The update is split further by timing
 the DeepSpeed engine's backward() and step() from outside: the trainer modules' references to
-`build_policy_engine` (tokenpo.trainer.policy), `collect_rollouts` and `update_policy` (tokenpo.trainer.step) are
+`build_policy_engine` (tokenpo.trainer.core.policy), `collect_rollouts` and `update_policy` (tokenpo.trainer.core.step) are
 wrapped for the duration of the run, nothing is edited.
 """
 
@@ -38,7 +38,8 @@ def timed(fn, totals: dict, key: str):
 def instrumented_trainer(per_step: list[dict], shape: dict):
     """Within: each step appends its backward/optimizer seconds, the process's CPU seconds (all threads; on a
     busy machine the steadier measure at one thread) and token counts to `per_step`."""
-    from tokenpo.trainer import policy, step
+    from tokenpo.trainer.core import policy
+    from tokenpo.trainer.core import step
 
     build_engine, collect, update = policy.build_policy_engine, step.collect_rollouts, step.update_policy
     totals = {"backward": 0.0, "optimizer": 0.0}
@@ -77,8 +78,8 @@ def instrumented_trainer(per_step: list[dict], shape: dict):
 
 def run_tokenpo(s: BenchSettings) -> dict:
     """{"steps": [per-step seconds and token counts], "shape": model shape} of `s.steps` tokenpo steps."""
-    from tokenpo.trainer.identity import RunIdentity
-    from tokenpo.trainer.loop import train
+    from tokenpo.trainer import RunIdentity
+    from tokenpo.trainer import train
 
     cfg, resolved = train_config(s)
     extra, shape = [], {}

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from tokenpo.errors import ConfigError
-from tokenpo.trainer.environment import ENVIRONMENT_FILE, LIBRARIES, read_environments
+from tokenpo.trainer import ENVIRONMENT_FILE, LIBRARIES, read_environments
 
 METRICS_FILE = "metrics.jsonl"
 OVERRIDES_FILE = os.path.join(".hydra", "overrides.yaml")

@@ -149,7 +149,7 @@ def gathered_for_generation(engine, partitioned: bool):
     ZeRO-3's per-module hooks would otherwise release each layer after its forward and gather it again at every
     decoded token; DeepSpeed's `unwrap_model_for_generation` gathers the parameters and lifts the hooks for the body,
     and puts the hooks back after (tests/deepspeed/test_internals.py); not after an error inside, which ends the run
-    (tokenpo.trainer.worst_case.out_of_memory_reported re-raises). The full model must fit on one device for the
+    (tokenpo.trainer.core.worst_case.out_of_memory_reported re-raises). The full model must fit on one device for the
     duration (the parameters are re-partitioned on exit).
     """
     if not partitioned:

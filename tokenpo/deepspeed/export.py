@@ -1,4 +1,4 @@
-"""The weights of a ZeRO-3 partitioned policy gathered for its export (tokenpo.trainer.policy.Policy.export)."""
+"""The weights of a ZeRO-3 partitioned policy gathered for its export (tokenpo.trainer.core.policy.Policy.export)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The benchmark a policy is evaluated on: its problems, its data config and stop tokens.
 
-Shared by training-time evaluation (tokenpo.trainer.loop) and `python -m tokenpo.evaluate`, so both score
+Shared by training-time evaluation (tokenpo.trainer.harness.loop) and `python -m tokenpo.evaluate`, so both score
 the same problems with the same prompts.
 """
 

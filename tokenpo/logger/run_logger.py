@@ -14,7 +14,7 @@ from tokenpo.logger.console import Parameters, final_values, parameter_counts, r
 from tokenpo.logger.wandb_files import offline_steps
 
 if TYPE_CHECKING:
-    from tokenpo.trainer.identity import RunIdentity
+    from tokenpo.trainer import RunIdentity
 
 log = logging.getLogger("tokenpo")
 

@@ -27,7 +27,7 @@ def spread(rows_by_item: Iterable[list[dict]], limit: int) -> list[dict]:
 
 
 def rollout_rows(step: int, rollouts, rewards: list[float] | None, reward_cfg, limit: int) -> list[dict]:
-    """Up to `limit` of the step's rollouts (a tokenpo.trainer.batch.RolloutBatch): the problem, the response, its
+    """Up to `limit` of the step's rollouts (a tokenpo.trainer.core.batch.RolloutBatch): the problem, the response, its
     reward (`rewards`, as the update saw it: shaped, format bonus included; None when the step made no update),
     verdict, extracted answer, length in tokens and whether it hit max_new_tokens."""
     g = rollouts.group_size

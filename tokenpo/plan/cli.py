@@ -13,14 +13,13 @@ longest prompt of the run's data under its template, counted by the model's toke
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import argparse
+import dataclasses
 import json
 import os
 import sys
-import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hydra import initialize_config_dir
 

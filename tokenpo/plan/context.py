@@ -5,10 +5,9 @@ silently where the positions run out (vLLM's `length` stop, the hf engine decodi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tokenpo.data import Example, load_splits
 from tokenpo.data.prompts import capped_prompt_ids

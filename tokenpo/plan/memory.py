@@ -147,7 +147,7 @@ def lora_parameters(arch: Architecture, cfg: TrainConfig) -> int:
 
 def run_shapes(cfg: TrainConfig, world: int, prompt_tokens: int | None) -> Shapes:
     """Worst case: the longest prompt, every response at max_new_tokens; the largest generate call and the
-    largest micro-batch (tokenpo.trainer.batch.update_plan) one process meets."""
+    largest micro-batch (tokenpo.trainer.core.batch.update_plan) one process meets."""
     g = cfg.rollout.group_size
     prompt = prompt_tokens or cfg.data.max_prompt_tokens or DEFAULT_PROMPT_TOKENS
     drawn = cfg.data.prompts_per_step

@@ -77,7 +77,7 @@ def vllm_sizing(v: VLLMConfig, device: str) -> VLLMSizing:
 
 @dataclass
 class AsyncConfig:
-    """Generation ahead of the update (tokenpo.rollout.ahead, tokenpo.trainer.source.Schedule)."""
+    """Generation ahead of the update (tokenpo.rollout.ahead, tokenpo.trainer.core.source.Schedule)."""
 
     max_staleness: int = setting(0,
         "Policy versions generation runs ahead of the update (k; 0 = generate, then train, in turn): step r's batch is "

@@ -9,7 +9,7 @@ from tokenpo.schema import check_fields, require, section, setting
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
 VERIFY_CHECKPOINTS = ("full", "sizes")
-# what a health detector does when it fires (tokenpo.trainer.health; docs/reliability.md)
+# what a health detector does when it fires (tokenpo.trainer.harness.health; docs/reliability.md)
 HEALTH_ACTIONS = ("warn", "skip", "stop")
 HEALTH_ACTION_HELP = ("What it does when it fires: warn (one log line, and a W&B alert when W&B is on) | skip (also "
                       "leaves this step's last optimizer update unapplied, counted in health/skipped_updates) | stop "

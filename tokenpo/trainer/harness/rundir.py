@@ -7,13 +7,13 @@ import os
 import time
 from pathlib import Path
 
-from tokenpo.trainer.environment import ENVIRONMENT_FILE
+from tokenpo.trainer.harness.environment import ENVIRONMENT_FILE
 
 log = logging.getLogger("tokenpo")
 
 # what a run writes into its run dir; train.log stays where it is (Hydra's log file, open before any of this runs,
 # appended to by every start)
-# the run's resolved config, which the workers of a trainer.nproc=N job read (tokenpo.trainer.launch)
+# the run's resolved config, which the workers of a trainer.nproc=N job read (tokenpo.trainer.processes.launch)
 RESOLVED = "resolved_config.json"
 RESULTS = (".hydra", RESOLVED, ENVIRONMENT_FILE, "metrics.jsonl", "eval_before.json", "eval_after.json",
            "summary.json", "final", "checkpoints", "wandb")

@@ -237,7 +237,7 @@ class SamplingCounts:
 
 @dataclass(frozen=True)
 class RolloutBatch:
-    """The step's batch, built once after scoring and gathering (tokenpo.trainer.rollouts.rollout_batch), the same on
+    """The step's batch, built once after scoring and gathering (tokenpo.trainer.core.rollouts.rollout_batch), the same on
     every rank and never written to. N responses, group-major (`group_size` rows per group); T the longest response
     (at least 1), P the longest prompt."""
 

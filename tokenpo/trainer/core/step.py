@@ -12,11 +12,10 @@ group, group-major), T the longest response; a micro-batch's `rows` index into N
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -27,16 +26,15 @@ from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
 from tokenpo.rewards import RewardConfig
 from tokenpo.models.logprobs import PassTokens
-from tokenpo.trainer.batch import BatchSplit, MicroBatch, RolloutBatch, SamplingCounts, UpdatePlan, pad_to
-from tokenpo.trainer.policy import Policy
-from tokenpo.trainer.scores import drawn_metrics
-from tokenpo.trainer.source import RolloutSource
-from tokenpo.trainer.rollouts import (StepRollouts, counted, dynamic_sampling_metrics, fill_batch, mixed_group_ids,
+from tokenpo.trainer.core.batch import BatchSplit, MicroBatch, RolloutBatch, SamplingCounts, UpdatePlan, pad_to
+from tokenpo.trainer.core.policy import Policy
+from tokenpo.trainer.core.scores import drawn_metrics
+from tokenpo.trainer.core.source import RolloutSource
+from tokenpo.trainer.core.rollouts import (StepRollouts, counted, dynamic_sampling_metrics, fill_batch, mixed_group_ids,
                                       rollout_batch, rollout_metrics)
-from tokenpo.trainer.timings import Timings
+from tokenpo.trainer.core.timings import Timings
 
 if TYPE_CHECKING:
-    from tokenpo.trainer.health import HealthMonitor
     from tokenpo.config import TrainConfig
 
 
@@ -84,6 +82,13 @@ class StepSettings:
         return self.mini_batches > 1 or reads_pass
 
 
+class StepCheck(Protocol):
+    """What checks a step before the generator takes its weights (the harness's health monitor): the step's health
+    metrics from its `metrics`, the update the policy holds for it committed or skipped."""
+
+    def check(self, step: int, metrics: dict, policy: Policy) -> dict[str, float]: ...
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one step produced: its metrics (update, rollouts, dynamic sampling, timing), its batch and the shaped
@@ -110,7 +115,7 @@ class PolicyUpdate:
 
 
 def train_step(step: int, lr: float, run: StepSettings, policy: Policy, source: RolloutSource,
-               entropy_coef: EntropyCoef | None, health: HealthMonitor | None = None) -> StepResult:
+               entropy_coef: EntropyCoef | None, health: StepCheck | None = None) -> StepResult:
     """Rollout step `step` at learning rate `lr`: collect the batch, update the policy on it, publish the new version
     to the generator.
     `entropy_coef`: the entropy coefficient's state the previous step left (None: the run's first step); `health`:

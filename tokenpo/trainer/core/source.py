@@ -17,8 +17,8 @@ from tokenpo.rewards import RewardScorer, question
 from tokenpo.rollout.config import RolloutConfig
 from tokenpo.rollout.engine import SamplingParams
 from tokenpo.rollout.generator import GenerateRequest, Generated, Generator, version_for
-from tokenpo.trainer.rollouts import StepRollouts
-from tokenpo.trainer.timings import Timings
+from tokenpo.trainer.core.rollouts import StepRollouts
+from tokenpo.trainer.core.timings import Timings
 
 log = logging.getLogger("tokenpo")
 

@@ -1,6 +1,6 @@
 """A step's rollouts: the lists a dynamic-sampling round is drawn as (`StepRollouts`), DAPO's mixed-group filter
 and batch fill over them, the step's `RolloutBatch` built once from the kept ones, and its metrics;
-tokenpo.trainer.source generates and scores them."""
+tokenpo.trainer.core.source generates and scores them."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from tokenpo import algorithms as alg
 from tokenpo.data import Example
 from tokenpo.rewards import CORRECT, GOLD_INVALID, RewardConfig, correct_counts, count_verdicts, format_reward
-from tokenpo.trainer.batch import RolloutBatch, SamplingCounts, pad_to
-from tokenpo.trainer.scores import response_scores
+from tokenpo.trainer.core.batch import RolloutBatch, SamplingCounts, pad_to
+from tokenpo.trainer.core.scores import response_scores
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""One worker process of a `trainer.nproc=N` job: `python -m tokenpo.trainer.worker <run_dir>`.
+"""One worker process of a `trainer.nproc=N` job: `python -m tokenpo.trainer.processes.worker <run_dir>`.
 
-RANK / WORLD_SIZE / MASTER_* come from the environment (tokenpo.trainer.launch sets them). Rank 0 logs to the
+RANK / WORLD_SIZE / MASTER_* come from the environment (tokenpo.trainer.processes.launch sets them). Rank 0 logs to the
 console and appends to the run's train.log like a one-process run; the other ranks log warnings only.
 A worker dies with the job that started it (`die_with_launcher`).
 """
@@ -15,10 +15,10 @@ from pathlib import Path
 
 from tokenpo.deepspeed.build_locks import check_build_locks
 from tokenpo.errors import ConfigError
-from tokenpo.trainer.identity import RunIdentity
-from tokenpo.trainer.launch import die_with_launcher
-from tokenpo.trainer.rundir import RESOLVED
-from tokenpo.trainer.loop import train
+from tokenpo.trainer.harness.identity import RunIdentity
+from tokenpo.trainer.processes.launch import die_with_launcher
+from tokenpo.trainer.harness.rundir import RESOLVED
+from tokenpo.trainer.harness.loop import train
 
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 

@@ -25,7 +25,7 @@ DeepSpeed engine, the call that changes the weights under every ZeRO stage, so D
 last update is held (`Policy.step` returns before `engine.step()`) until `HealthMonitor.check` has read the step's
 metrics, which every process computes alike; any pass that reads the weights first applies it.
 
-`python -m tokenpo.trainer.health <metrics.jsonl> [key=value ...]` replays a run's logged metrics through the
+`python -m tokenpo.trainer.harness.health <metrics.jsonl> [key=value ...]` replays a run's logged metrics through the
 detectors (the default config, or `entropy.collapse_frac=0.05`-style overrides) and prints which would fire.
 """
 
@@ -261,7 +261,7 @@ class Detectors:
 # --- the live run ---
 
 class PendingUpdate(Protocol):
-    """What the checks read of the policy (tokenpo.trainer.policy.Policy): its update held for them, committed or
+    """What the checks read of the policy (tokenpo.trainer.core.policy.Policy): its update held for them, committed or
     skipped, the updates skipped, the last update's gradient norm."""
 
     def commit(self, veto: bool) -> bool: ...
@@ -346,7 +346,7 @@ def config_with(overrides: list[str]) -> HealthConfig:
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m tokenpo.trainer.health <metrics.jsonl> [detector.key=value ...]\n"
+        print("usage: python -m tokenpo.trainer.harness.health <metrics.jsonl> [detector.key=value ...]\n"
               "Replays a run's logged metrics through the health detectors (trainer.health, the shipped defaults "
               "unless overridden) and prints each step at which one would fire.")
         return 0 if argv else 2

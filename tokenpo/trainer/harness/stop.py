@@ -1,5 +1,5 @@
 """Stop signals: the run saves a checkpoint and exits at the end of its current step (`StopRequest`); a job's
-launcher forwards them to its workers (tokenpo.trainer.launch)."""
+launcher forwards them to its workers (tokenpo.trainer.processes.launch)."""
 
 from __future__ import annotations
 

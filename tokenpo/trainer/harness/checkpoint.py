@@ -1,6 +1,6 @@
 """A run's checkpoint folders on disk: their layout, how one is saved so that a killed save never becomes the one
 resumed from, which one a run resumes from, and what a resume sets aside. What goes into them (the engine's state
-and every rank's RNG) is the Policy's (tokenpo.trainer.policy); the manifest check is tokenpo.trainer.checkpoint_manifest.
+and every rank's RNG) is the Policy's (tokenpo.trainer.core.policy); the manifest check is tokenpo.trainer.harness.checkpoint_manifest.
 
 Layout under `<run_dir>/checkpoints/`: `step_000004/` (DeepSpeed's `state/` folder, `rng_rank<r>.pt` per rank,
 `tokenpo.json` with the step, the number of processes, the ZeRO stage and the LoRA settings, `manifest.json` with the
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tokenpo.errors import ConfigError
 from tokenpo.progress import folder_progress
-from tokenpo.trainer.checkpoint_manifest import (
+from tokenpo.trainer.harness.checkpoint_manifest import (
     LONE,
     MANIFEST,
     CheckpointError,
@@ -36,7 +36,7 @@ from tokenpo.trainer.checkpoint_manifest import (
     recorded_bytes,
     verify_manifest,
 )
-from tokenpo.trainer.rundir import NO_CHECKPOINT, move_aside
+from tokenpo.trainer.harness.rundir import NO_CHECKPOINT, move_aside
 
 log = logging.getLogger("tokenpo")
 
@@ -160,10 +160,10 @@ def check_resumable(path: Path, meta: CheckpointMeta, world_size: int, zero_stag
     if meta.zero_stage != zero_stage:
         raise ConfigError(f"checkpoint {path} was written under ZeRO stage {meta.zero_stage}; resume it with "
                           f"deepspeed.stage={meta.zero_stage}, not {zero_stage}")
-    check_lora(path, lora)
+    check_adapters(path, lora)
 
 
-def check_lora(path: Path, lora: dict | None) -> None:
+def check_adapters(path: Path, lora: dict | None) -> None:
     """The checkpoint at `path` was trained with the LoRA settings `lora` (None: full fine-tuning); one line naming
     the keys that differ otherwise (a LoRA checkpoint holds no base weights)."""
     saved = read_meta(path).lora

@@ -115,7 +115,7 @@ class SweepDirFiles(Callback):
         changed = [path for path in earlier if path.name != "multirun.yaml" or path.read_text() != new_multirun]
         if changed:
             # imported here: the run-dir module imports torch, which a sweep's launching process does not need
-            from tokenpo.trainer.rundir import move_aside
+            from tokenpo.trainer.harness.rundir import move_aside
 
             folder = move_aside(changed, sweep_dir / "sweep")
             log.warning("%s held an earlier sweep's %s: moved to %s", sweep_dir,

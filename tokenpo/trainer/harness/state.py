@@ -1,5 +1,5 @@
 """Where a run stands (`RunState`: what a checkpoint carries besides the model), and the harness that resumes and
-saves it: the policy's state (Policy.write_state / read_state) in a checkpoint folder (tokenpo.trainer.checkpoint)
+saves it: the policy's state (Policy.write_state / read_state) in a checkpoint folder (tokenpo.trainer.harness.checkpoint)
 with this rank's RNG states.
 
 A checkpoint's RNG files hold tensors and numbers only and are read with `weights_only=True`; DeepSpeed's own state
@@ -20,9 +20,9 @@ from tokenpo.algorithms.entropy_control import EntropyCoef
 from tokenpo.data import PromptSampler
 from tokenpo.logger.run_logger import SAMPLES_FILE
 from tokenpo.deepspeed import dist
-from tokenpo.trainer import checkpoint
-from tokenpo.trainer.checkpoint_manifest import CheckpointError
-from tokenpo.trainer.policy import Policy
+from tokenpo.trainer.harness import checkpoint
+from tokenpo.trainer.harness.checkpoint_manifest import CheckpointError
+from tokenpo.trainer.core.policy import Policy
 
 log = logging.getLogger("tokenpo")
 
@@ -33,7 +33,7 @@ class RunState:
     run id, the running totals and the entropy coefficient's state. On disk it is the client state `{"step",
     "sampler", "wandb_id", "history"}` with the totals and the held-out accuracies in `history` (the keys of the
     checkpoints written so far), and `"entropy_coef": {"c", "active"}` and `"health"` (trainer.health's counts and
-    entropy reference: tokenpo.trainer.health.Detectors.state_dict) once a step has run."""
+    entropy reference: tokenpo.trainer.harness.health.Detectors.state_dict) once a step has run."""
 
     step: int = 0
     sampler: dict | None = None  # PromptSampler.state_dict()
@@ -46,7 +46,7 @@ class RunState:
     # before the first step, and in checkpoints written before it existed: the step then starts from the config's
     entropy_coef: EntropyCoef | None = None
     # rollouts sampled ahead of the update (rollout.async.max_staleness >= 1) and not trained on yet, one state per
-    # rank (its own generator's rounds: tokenpo.trainer.source.RolloutSource.state_dict); None before a checkpoint
+    # rank (its own generator's rounds: tokenpo.trainer.core.source.RolloutSource.state_dict); None before a checkpoint
     in_flight: list[dict] | None = None
     health: dict | None = None  # trainer.health's detectors after the last step (None before the first)
 

@@ -1,5 +1,5 @@
 """Between the policy's gradients and its weights: no non-finite update reaches the weights, and one the step's
-health checks may veto waits for them (trainer.health; tokenpo.trainer.health reads the checks, the policy commits
+health checks may veto waits for them (trainer.health; tokenpo.trainer.harness.health reads the checks, the policy commits
 or skips the update it holds)."""
 
 from __future__ import annotations

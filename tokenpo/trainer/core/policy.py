@@ -11,11 +11,10 @@ adapter.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,9 +27,9 @@ from tokenpo.models.logprobs import PassOptions, PassTokens, with_response_pass
 from tokenpo.models.lora import adapters_disabled, save_merged_and_adapter
 from tokenpo.models.modes import no_dropout
 from tokenpo.models.published import Published, published
-from tokenpo.trainer.batch import GroupTokens
-from tokenpo.trainer.update_guard import UpdateGuard
-from tokenpo.trainer.optim import build_optimizer
+from tokenpo.trainer.core.batch import GroupTokens
+from tokenpo.trainer.core.update_guard import UpdateGuard
+from tokenpo.trainer.core.optim import build_optimizer
 
 if TYPE_CHECKING:
     from tokenpo.config import TrainConfig
@@ -173,7 +172,7 @@ class Policy:
 
     def step(self) -> None:
         """One optimizer update with the gradients accumulated since the last one; never a non-finite one, and held
-        until the step's health checks where one may skip it (tokenpo.trainer.update_guard.UpdateGuard)."""
+        until the step's health checks where one may skip it (tokenpo.trainer.core.update_guard.UpdateGuard)."""
         self._guard.step(self._engine)
 
     def commit(self, veto: bool) -> bool:

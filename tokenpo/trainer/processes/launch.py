@@ -39,9 +39,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tokenpo.errors import ConfigError
-from tokenpo.trainer.identity import RunIdentity
-from tokenpo.trainer.rundir import RESOLVED
-from tokenpo.trainer.stop import STOP_SIGNALS
+from tokenpo.trainer.harness.identity import RunIdentity
+from tokenpo.trainer.harness.rundir import RESOLVED
+from tokenpo.trainer.harness.stop import STOP_SIGNALS
 
 log = logging.getLogger("tokenpo")
 
@@ -295,7 +295,7 @@ def hand_over_stop(signum: int | None, rank0: bool) -> None:
 
 
 def launch_local_workers(nproc: int, identity: RunIdentity) -> dict | None:
-    """Run `python -m tokenpo.trainer.worker <run_dir>` N times; rank 0's summary (None if it wrote none).
+    """Run `python -m tokenpo.trainer.processes.worker <run_dir>` N times; rank 0's summary (None if it wrote none).
 
     Raises SystemExit with the first failing worker's status."""
     run_dir = identity.run_dir
@@ -306,7 +306,7 @@ def launch_local_workers(nproc: int, identity: RunIdentity) -> dict | None:
 
     port = free_port()
     # own session: a terminal's Ctrl-C reaches the job only, which forwards it once (a second one aborts)
-    procs = [subprocess.Popen([sys.executable, "-m", "tokenpo.trainer.worker", str(run_dir)],
+    procs = [subprocess.Popen([sys.executable, "-m", "tokenpo.trainer.processes.worker", str(run_dir)],
                               env=worker_env(rank, nproc, port), start_new_session=True) for rank in range(nproc)]
     status, _ = supervise(procs)
     if status:

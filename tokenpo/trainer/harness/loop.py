@@ -1,11 +1,9 @@
 """The run: the policy, the generator (rollout engine), the scorer and the data set up, then the loop that calls
-`tokenpo.trainer.step.train_step` once per step, with the harness around it: resume and checkpoints
-(tokenpo.trainer.state), the worst-case pass and out-of-memory lines (worst_case), held-out evaluation (evals),
+`tokenpo.trainer.core.step.train_step` once per step, with the harness around it: resume and checkpoints
+(tokenpo.trainer.harness.state), the worst-case pass and out-of-memory lines (worst_case), held-out evaluation (evals),
 metrics and sample tables (tokenpo.logger), stop signals (stop.StopRequest)."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import contextlib
 import dataclasses
@@ -15,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,17 +27,17 @@ from tokenpo.logger.samples import rollout_rows
 from tokenpo.plan.memory import with_vllm_share
 from tokenpo.rewards import RewardScorer
 from tokenpo.rollout import Generator, build_generator
-from tokenpo.trainer.environment import record_environment
-from tokenpo.trainer.evals import AFTER, BEFORE, Evaluator, evaluate_benchmarks, load_benchmarks
-from tokenpo.trainer.health import HealthMonitor
-from tokenpo.trainer.identity import RunIdentity
-from tokenpo.trainer.stop import StopRequest
-from tokenpo.trainer.optim import step_lr
-from tokenpo.trainer.policy import Policy
-from tokenpo.trainer.source import PromptCache, Prompts, RolloutSource, Schedule, sampling_params
-from tokenpo.trainer.state import RunState, resume_run, save_run
-from tokenpo.trainer.step import StepResult, StepSettings, train_step
-from tokenpo.trainer.worst_case import out_of_memory_reported, run_worst_case, step_shapes, worst_case_enabled
+from tokenpo.trainer.harness.environment import record_environment
+from tokenpo.trainer.harness.evals import AFTER, BEFORE, Evaluator, evaluate_benchmarks, load_benchmarks
+from tokenpo.trainer.harness.health import HealthMonitor
+from tokenpo.trainer.harness.identity import RunIdentity
+from tokenpo.trainer.harness.stop import StopRequest
+from tokenpo.trainer.core.optim import step_lr
+from tokenpo.trainer.core.policy import Policy
+from tokenpo.trainer.core.source import PromptCache, Prompts, RolloutSource, Schedule, sampling_params
+from tokenpo.trainer.harness.state import RunState, resume_run, save_run
+from tokenpo.trainer.core.step import StepResult, StepSettings, train_step
+from tokenpo.trainer.core.worst_case import out_of_memory_reported, run_worst_case, step_shapes, worst_case_enabled
 
 if TYPE_CHECKING:
     from tokenpo.config import TrainConfig

@@ -10,11 +10,10 @@ step's gradients add to (x + 0 = x); and every random stream (CPU and CUDA) is r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import contextlib
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,11 +23,11 @@ from tokenpo.deepspeed import dist
 from tokenpo.errors import ConfigError
 from tokenpo.plan.memory import Shapes, build_plan, device_type, memory_limit, run_shapes
 from tokenpo.plan.units import format_bytes
-from tokenpo.trainer.policy import Policy
+from tokenpo.trainer.core.policy import Policy
 from tokenpo.rewards import RewardConfig
-from tokenpo.trainer.batch import RolloutBatch
-from tokenpo.trainer.rollouts import StepRollouts, rollout_batch
-from tokenpo.trainer.step import StepSettings, row_logprobs
+from tokenpo.trainer.core.batch import RolloutBatch
+from tokenpo.trainer.core.rollouts import StepRollouts, rollout_batch
+from tokenpo.trainer.core.step import StepSettings, row_logprobs
 
 if TYPE_CHECKING:
     from tokenpo.config import TrainConfig
