@@ -31,12 +31,12 @@ def test_generated_tokens_count_every_round_and_dropped_group():
     # two rounds of 6 prompts; the batch keeps 4 mixed groups, the other 8 drawn were generated all the same
     run = Lengths("MWMRIM" + "WMMWWW", prompts_per_step=4, oversample=1.5, max_gen_batches=5)
     batch = run.collect(step=3)
-    assert batch.generated_tokens == tokens_of(run.uids(list(range(12))))
-    assert sum(map(len, batch.response_ids)) == tokens_of(run.uids([0, 2, 5, 7])) < batch.generated_tokens
+    assert batch.counts.generated_tokens == tokens_of(run.uids(list(range(12))))
+    assert int(batch.lengths.sum()) == tokens_of(run.uids([0, 2, 5, 7])) < batch.counts.generated_tokens
 
 
 def test_without_dynamic_sampling_generated_tokens_are_the_batch():
     run = Lengths("RWMW" + "M" * 10, prompts_per_step=4)
     run.sampling = replace(run.sampling, enabled=False)
     batch = run.collect(step=1)
-    assert batch.generated_tokens == sum(map(len, batch.response_ids)) == tokens_of(run.uids([0, 1, 2, 3]))
+    assert batch.counts.generated_tokens == int(batch.lengths.sum()) == tokens_of(run.uids([0, 1, 2, 3]))

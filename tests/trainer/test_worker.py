@@ -20,7 +20,7 @@ def test_a_worker_removes_a_stale_build_lock_before_it_trains(tmp_path, monkeypa
     monkeypatch.setenv("LOCAL_RANK", "0")
     seen = []
     monkeypatch.setattr(worker, "die_with_launcher", lambda: None)
-    monkeypatch.setattr(worker, "build_config", lambda config: config)
+    monkeypatch.setattr("tokenpo.config.build_config", lambda config: config)  # the worker's command builds it
     monkeypatch.setattr(worker, "train", lambda *args: seen.append(lock.exists()))
     with caplog.at_level("WARNING"):
         assert worker.main([str(run_dir)]) == 0
