@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tokenpo.rollout import Published, SamplingParams, build_generator
+from tokenpo.models.published import Published
+from tokenpo.rollout import SamplingParams, build_generator
 from tokenpo.rollout.config import RolloutConfig
 
 PAD = 0

@@ -27,7 +27,8 @@ from tokenpo.models.config import LoraConfig  # noqa: E402
 from tokenpo.models.loading import load_model  # noqa: E402
 from tokenpo.models.lora import wrap_lora  # noqa: E402
 from tokenpo.models.logprobs import PassOptions, response_logprobs  # noqa: E402
-from tokenpo.rollout import Published, SamplingParams, build_generator  # noqa: E402
+from tokenpo.models.published import Published  # noqa: E402
+from tokenpo.rollout import SamplingParams, build_generator  # noqa: E402
 from tokenpo.rollout.config import RolloutConfig  # noqa: E402
 from tokenpo.models.weight_stream import policy_weights  # noqa: E402
 from tokenpo.trainer.core.batch import pad_groups  # noqa: E402

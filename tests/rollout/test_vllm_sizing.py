@@ -15,7 +15,7 @@ from tokenpo.models.loading import load_model
 from tokenpo.plan import memory
 from tokenpo.plan import parts as P
 from tokenpo.rollout.config import VLLMConfig, VLLMSizing, vllm_sizing
-from tokenpo.rollout.generator import Published
+from tokenpo.models.published import Published
 from tokenpo.rollout.vllm_engine import VLLMEngine
 
 GIB = 2**30

@@ -11,7 +11,7 @@ import torch
 from support import fake_vllm as fake_vllm_module
 from support.config import train_config
 from tokenpo.models.loading import load_model
-from tokenpo.rollout.generator import Published
+from tokenpo.models.published import Published
 from tokenpo.rollout.vllm_engine import VLLMEngine
 
 

@@ -29,7 +29,8 @@ from tokenpo.models.loading import load_model
 from tokenpo.models.lora import adapter_base, is_adapter_folder, with_adapter
 from tokenpo.rewards import RewardConfig, reward_config_from_dict
 from tokenpo.rewards.config import DATASET_FIELDS
-from tokenpo.rollout import Published, build_generator
+from tokenpo.models.published import Published
+from tokenpo.rollout import build_generator
 from tokenpo.rollout.config import RolloutConfig, rollout_config_from_dict
 from tokenpo.schema import from_dict
 

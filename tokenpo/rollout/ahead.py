@@ -25,7 +25,8 @@ import torch.multiprocessing as mp
 
 from tokenpo.errors import ConfigError
 from tokenpo.rollout.engine import Responses, SamplingParams, seeded_generator
-from tokenpo.rollout.generator import GenerateRequest, Generated, Generator, Published
+from tokenpo.models.published import Published
+from tokenpo.rollout.generator import GenerateRequest, Generated, Generator
 
 # seconds between looks at the shared version counters (the worker for weights, the trainer for the worker's load)
 POLL_S = 0.002

@@ -18,11 +18,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:  # the protocol imports neither torch nor the models: start-up checks read the rollout config first
+    import torch
 
-from tokenpo.models.published import Published
-
-if TYPE_CHECKING:
+    from tokenpo.models.published import Published
     from tokenpo.rollout.engine import Responses, SamplingParams
 
 
@@ -95,13 +94,15 @@ class AnsweredNow:
     answers: dict
 
     def submit(self, request: GenerateRequest) -> None:
-        from tokenpo.rollout.engine import seeded_generator
+        from tokenpo.rollout.engine import Responses, seeded_generator
 
         if request.version != self.published.version:
             raise RuntimeError(f"rollout engine: request {request.key} needs policy version {request.version}, the "
                                f"engine holds {self.published.version}")
         started = time.perf_counter()
-        out = self.sample(request.prompt_ids, request.params, seeded_generator(request.seed, self.device))
+        # a rank without groups in this round samples nothing (rounds split evenly over the ranks: not in a run)
+        out = (self.sample(request.prompt_ids, request.params, seeded_generator(request.seed, self.device))
+               if request.prompt_ids else Responses([], []))
         self.answers[request.key] = Generated(request.key, out, request.version, 0.0, time.perf_counter() - started)
 
     def result(self, key: tuple[int, int]) -> tuple[Generated, float]:

@@ -17,7 +17,8 @@ from transformers import DynamicCache
 from tokenpo.models.logprobs import kv_cache, left_pad, position_ids_from_mask
 from tokenpo.models.modes import no_dropout
 from tokenpo.rollout.engine import ENGINES, Responses, SamplingParams
-from tokenpo.rollout.generator import AnsweredNow, Published
+from tokenpo.models.published import Published
+from tokenpo.rollout.generator import AnsweredNow
 
 # vocabulary entries per block of the two-level inverse CDF (sample_with_uniform)
 SAMPLING_BLOCK = 256

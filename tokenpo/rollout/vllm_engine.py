@@ -25,7 +25,8 @@ import torch
 from tokenpo.deepspeed import dist
 from tokenpo.rollout.config import vllm_sizing
 from tokenpo.rollout.engine import ENGINES, Responses, SamplingParams
-from tokenpo.rollout.generator import AnsweredNow, Published
+from tokenpo.models.published import Published
+from tokenpo.rollout.generator import AnsweredNow
 
 # vLLM's own RNG only serves requests without a seed; each request gets one drawn from the run's generator
 SEED_RANGE = 2**31 - 1
