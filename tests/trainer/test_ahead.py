@@ -8,7 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from support.config import ALGORITHM_NAMES, SMALL
@@ -153,3 +155,57 @@ def test_without_the_decoupled_objective_the_samplers_log_probs_are_the_old_poli
     assert decoupled[3]["mismatch/kl"] > 1e-4  # the behaviour weight compares the sampler with the proximal policy
     # without it the sampler is the old policy: no sampler/trainer KL to log (it would be 0 by construction)
     assert "mismatch/kl" not in plain[3] and "tis/weight_mean" not in plain[3]
+
+
+
+def running(process: psutil.Process) -> bool:
+    """Not exited (a zombie counts as exited: its new parent may be slow to reap it, or never reap it in a container)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def command(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:  # exited meanwhile
+        return ""
+
+
+def logged_a_step(run_dir) -> bool:
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.exists() and metrics.stat().st_size > 0
+
+
+def test_no_process_outlives_a_sigkilled_trainer(tmp_path):
+    """The generator process, and multiprocessing's resource tracker that the trainer started for it, die with a
+    trainer killed without a word (SIGKILL: the trainer gets no chance to stop them)."""
+    run_dir = tmp_path / "run"
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "tokenpo.train", *SMALL, "rollout.async.max_staleness=1", "trainer.max_steps=50",
+         "eval.every_steps=0", "eval.before_training=false", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = []
+    try:
+        deadline = time.monotonic() + 45
+        # a step logged: the generator process has served a request and waits for the next
+        while not logged_a_step(run_dir):
+            assert trainer.poll() is None and time.monotonic() < deadline, "the run did not log a step"
+            time.sleep(0.1)
+        started = [process for process in psutil.Process(trainer.pid).children(recursive=True) if running(process)]
+        commands = " ".join(map(command, started))
+    finally:
+        trainer.kill()
+        trainer.wait()
+    deadline = time.monotonic() + 5
+    while any(map(running, started)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = [command(process)[:100] for process in started if running(process)]
+    for process in started:  # not left behind by the test
+        if running(process):
+            process.kill()
+    # spawned: the reward worker and the generator; the resource tracker, started by the spawn context for the
+    # queues' semaphores, exits once no process holds its pipe, the generator included
+    assert commands.count("--multiprocessing-fork") == 2 and "resource_tracker" in commands, commands
+    assert alive == []

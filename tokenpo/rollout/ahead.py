@@ -15,6 +15,7 @@ samples the evaluations with the live policy.
 
 from __future__ import annotations
 
+import os
 import queue
 import time
 from collections import defaultdict
@@ -24,6 +25,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tokenpo.errors import ConfigError
+from tokenpo.lifeline import die_with_parent
 from tokenpo.rollout.engine import Responses, SamplingParams, seeded_generator
 from tokenpo.models.published import Published
 from tokenpo.rollout.generator import GenerateRequest, Generated, Generator
@@ -76,9 +78,11 @@ def load_shared(model: torch.nn.Module, shared: dict[str, torch.Tensor]) -> None
             state[name].copy_(tensor)
 
 
-def worker_main(settings: WorkerSettings, model_from: tuple, requests, results, shared: dict[str, torch.Tensor],
-                pushed, loaded) -> None:
-    """The generator process: requests in, `Generated` out, until a None request. `model_from`: (config, dtype)."""
+def worker_main(trainer: int, settings: WorkerSettings, model_from: tuple, requests, results,
+                shared: dict[str, torch.Tensor], pushed, loaded) -> None:
+    """The generator process: requests in, `Generated` out, until a None request. `trainer`: the trainer's pid, which
+    it dies with however the trainer dies (daemon=True stops it only at a clean exit); `model_from`: (config, dtype)."""
+    die_with_parent(trainer)
     if settings.threads:
         torch.set_num_threads(settings.threads)
     model = worker_model(*model_from, settings.device)
@@ -123,7 +127,7 @@ class AheadGenerator:
         self.done: dict[tuple[int, int], Generated] = {}  # results taken from the queue, or restored
         self.waits: dict[str, list[float]] = defaultdict(list)
         self.process = context.Process(target=worker_main, daemon=True, name="tokenpo-generator",
-                                       args=(settings, (published.config, published.dtype), self.requests,
+                                       args=(os.getpid(), settings, (published.config, published.dtype), self.requests,
                                              self.results, self.shared, self.pushed, self.loaded))
         self.process.start()
 

@@ -23,7 +23,6 @@ job requeued, and the requeued job resumes from that checkpoint.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import json
 import logging
 import os
@@ -33,12 +32,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tokenpo.errors import ConfigError
+from tokenpo.lifeline import die_with_parent
 from tokenpo.trainer.harness.identity import RunIdentity
 from tokenpo.trainer.harness.rundir import RESOLVED
 from tokenpo.trainer.harness.stop import STOP_SIGNALS
@@ -47,10 +46,6 @@ log = logging.getLogger("tokenpo")
 
 # environment variable: the pid of the job that started a worker (the worker dies with it)
 LAUNCHER_PID = "TOKENPO_LAUNCHER_PID"
-# prctl option from <linux/prctl.h>: the signal this process gets when its parent dies
-PR_SET_PDEATHSIG = 1
-# seconds between parent checks where PR_SET_PDEATHSIG is unavailable
-PARENT_POLL_S = 0.5
 # seconds a worker gets to exit after SIGTERM once another worker failed, before SIGKILL
 STOP_GRACE_S = 10.0
 POLL_S = 0.2
@@ -186,25 +181,9 @@ def worker_env(rank: int, nproc: int, port: int) -> dict[str, str]:
 def die_with_launcher() -> None:
     """Called first in a worker: SIGKILL it as soon as the job that started it dies, however the job died.
 
-    A worker that outlives its job trains on and writes `final/` into a run dir that a restart uses as well.
-    Linux: the kernel sends the signal (PR_SET_PDEATHSIG; it tracks the thread that started the worker, the job's
-    main thread, which lives as long as the job). Elsewhere a daemon thread polls the parent pid."""
-    launcher = int(os.environ[LAUNCHER_PID])
-    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None) if sys.platform == "linux" else None
-    if prctl is not None:
-        if prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL)) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    else:
-        threading.Thread(target=_watch_parent, args=(launcher,), name="tokenpo-watch-launcher", daemon=True).start()
-    # the job may have died before the line above: the worker was re-parented already
-    if os.getppid() != launcher:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _watch_parent(launcher: int) -> None:
-    while os.getppid() == launcher:
-        time.sleep(PARENT_POLL_S)
-    os.kill(os.getpid(), signal.SIGKILL)
+    A worker that outlives its job trains on and writes `final/` into a run dir that a restart uses as well. The job
+    starts its workers from its main thread, which lives as long as the job (`die_with_parent`)."""
+    die_with_parent(int(os.environ[LAUNCHER_PID]))
 
 
 def exit_status(returncode: int) -> int:
