@@ -28,18 +28,24 @@ def modules() -> dict[str, Path]:
     return {module_name(path): path for path in PACKAGE.rglob("*.py")}
 
 
-def runtime_imports(path: Path, known: set[str]) -> set[str]:
-    """The tokenpo modules `path` imports when it is imported: its module-level imports (not those under
-    `if TYPE_CHECKING:`, nor those inside functions, which run when called)."""
+def imported(nodes) -> set[str]:
+    """What the imports among `nodes` name of tokenpo: `module.name` for `from module import name`, the module for
+    `import module`."""
     found = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("tokenpo"):
-            for alias in node.names:
-                child = f"{node.module}.{alias.name}"
-                found.add(child if child in known else node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name.startswith("tokenpo"))
-    return found & known
+    return found
+
+
+def runtime_imports(path: Path, known: set[str]) -> set[str]:
+    """The tokenpo modules `path` imports when it is imported: its module-level imports (not those under
+    `if TYPE_CHECKING:`, nor those inside functions, which run when called); a name imported from a module counts as
+    that module unless it is a module itself."""
+    names = imported(ast.parse(path.read_text()).body)
+    return {name if name in known else name.rpartition(".")[0] for name in names} & known
 
 
 def part(module: str) -> str:
@@ -118,14 +124,8 @@ LAYERS = ("core", "harness", "processes")  # tokenpo.trainer's, each importing o
 
 
 def imports_anywhere(path: Path) -> set[str]:
-    """Every tokenpo module or package `path` names in an import, wherever the import is."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("tokenpo"):
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names if alias.name.startswith("tokenpo"))
-    return found
+    """Every tokenpo module or name `path` imports, wherever the import is."""
+    return imported(ast.walk(ast.parse(path.read_text())))
 
 
 def layer(module: str) -> str | None:
