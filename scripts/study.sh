@@ -19,7 +19,10 @@
 #   (docs/data/study: where the comparison goes), STUDY_MARGIN (unset: none; an equivalence margin named in advance, passed
 #   to tokenpo.compare --margin), STUDY_FIT (unset: none; e.g. "--fit-curves --compute tokens": extra arguments of
 #   the held-out comparison), STUDY_THREADS (1; empty: not set, the groups' own), STUDY_BASELINE (algorithm=grpo:
-#   the group the comparisons are taken against). Extra arguments are Hydra overrides for every run.
+#   the group the comparisons are taken against), STUDY_JOBS (1: the runs of one group's sweep side by side, Hydra's
+#   joblib launcher; a group of an even number of seeds keeps two jobs busy where lanes of whole groups would not),
+#   STUDY_TRANSFER (1; 0: the runs have no transfer set and its comparison is skipped). Extra arguments are Hydra
+#   overrides for every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="$(bash scripts/setup.sh | tail -n 1)"
@@ -34,6 +37,7 @@ read -r -a GROUPS_ <<< "${STUDY_GROUPS:-algorithm=grpo algorithm=dapo algorithm=
 algorithm=grpo_s algorithm=tepo algorithm=dr_grpo algorithm=gspo}"
 THREADS="${STUDY_THREADS-1}"
 BASELINE="${STUDY_BASELINE:-algorithm=grpo}"
+JOBS="${STUDY_JOBS:-1}"
 COMMON=(data=arith_study eval=arith_study data.prompts_per_step=4 rollout.max_new_tokens=24
         ${THREADS:+trainer.threads=$THREADS} "${TESTBED[@]}" "$@")
 
@@ -44,7 +48,7 @@ sweep() {
   shift 3
   mkdir -p "$dir"
   "$PY" -m tokenpo.train -m "$@" seed="$seeds" trainer.max_steps="$steps" "${COMMON[@]}" hydra.sweep.dir="$dir" \
-      'hydra.sweep.subdir=seed${seed}' hydra/launcher=joblib hydra.launcher.n_jobs=1 > "$dir/sweep.log" 2>&1 || true
+      'hydra.sweep.subdir=seed${seed}' hydra/launcher=joblib hydra.launcher.n_jobs="$JOBS" > "$dir/sweep.log" 2>&1 || true
   rm -rf "$dir"/seed*/final  # the study keeps metrics and eval records, not 41 copies of the 0.5 GB weights
   for seed in ${seeds//,/ }; do
     local run="$dir/seed$seed"
@@ -79,6 +83,8 @@ echo "study wall time: $(( $(date +%s) - start )) s; failed runs: $failed"
 read -r -a FIT <<< "${STUDY_FIT:-}"
 "$PY" -m tokenpo.compare "$OUT" --baseline "$BASELINE" --target-metric eval/accuracy --target 0.5 --band ci \
     "${MARGIN[@]}" "${FIT[@]}" --out "$DOCS"
-"$PY" -m tokenpo.compare "$OUT" --baseline "$BASELINE" --target-metric eval/arith_transfer/accuracy \
-    --target 0.3 --band ci --no-figures "${MARGIN[@]}" --out "$DOCS/transfer"
+if [[ "${STUDY_TRANSFER:-1}" != 0 ]]; then
+  "$PY" -m tokenpo.compare "$OUT" --baseline "$BASELINE" --target-metric eval/arith_transfer/accuracy \
+      --target 0.3 --band ci --no-figures "${MARGIN[@]}" --out "$DOCS/transfer"
+fi
 exit $(( failed > 0 ))
