@@ -80,7 +80,16 @@ def _ahead(cfg) -> bool:
 
 def _sampler_logprobs(cfg) -> bool | None:
     """The engine's own log-probs reach the loss: vLLM's, or a generator's ahead of the update (depends then)."""
-    return None if cfg.rollout.engine == "vllm" or _ahead(cfg) else False
+    from tokenpo.rollout.engine import ENGINES
+
+    return None if ENGINES.trait(cfg.rollout.engine, "logprobs") or _ahead(cfg) else False
+
+
+def _servers(cfg) -> bool:
+    """The engine generates on servers of its own, and pushes the weights to them."""
+    from tokenpo.rollout.engine import ENGINES
+
+    return bool(ENGINES.trait(cfg.rollout.engine, "servers"))
 
 
 def _tis(cfg) -> bool | None:
@@ -269,6 +278,14 @@ SECTIONS = (
                "with rollout.async.max_staleness >= 1", logged=_ahead),
         Metric("async/staleness_frac_<lag>", "Fraction of the step's rounds that were <lag> versions stale.",
                "the step's rounds", "with rollout.async.max_staleness >= 1, for each lag seen", logged=_depends),
+        Metric("async/token_staleness", "Mean policy versions between the version that sampled a token and the "
+               "update (a partial rollout's tokens each count their own).", "the step's response tokens",
+               "with rollout.async.max_staleness >= 1 on an engine that reports each token's version (vllm_server)",
+               logged=_depends),
+        Metric("async/partial_frac", "Fraction of the step's responses sampled by more than one policy version "
+               "(partial rollouts, rollout.server.in_flight=keep).", DRAWN,
+               "with rollout.async.max_staleness >= 1 on an engine that reports each token's version (vllm_server)",
+               logged=_depends),
     )),
     ("Health", (
         Metric("health/<detector>_fired", "1 when trainer.health.<detector> fired this step (docs/reliability.md).",
@@ -303,6 +320,14 @@ SECTIONS = (
                "with rollout.async.max_staleness >= 1", logged=_ahead),
         Metric("timing/generator_wait_weights_s", "Seconds the generator waited for weights.", "-",
                "with rollout.async.max_staleness >= 1", logged=_ahead),
+        Metric("timing/weight_push_s", "Seconds the step's weight push to the servers took, generation paused "
+               "(rollout=vllm_server).", "-", "on servers", logged=_servers),
+        Metric("timing/weight_push_drain_s", "Of the push's seconds, the pause itself: requests in flight finishing "
+               "(rollout.server.in_flight=wait).", "-", "on servers", logged=_servers),
+        Metric("rollout/weight_push_mib", "MiB of weights the step pushed to each server.", "-", "on servers",
+               logged=_servers),
+        Metric("rollout/requests_resampled", "Requests a push dropped and sampled again "
+               "(rollout.server.in_flight=abort).", "-", "when a push dropped some", logged=_depends),
         Metric("memory/cuda_peak_allocated_bytes", "Peak CUDA memory torch's tensors took so far.", "this process",
                "on CUDA", logged=_depends),
         Metric("memory/cuda_peak_reserved_bytes", "Peak CUDA memory torch's caching allocator held so far.",

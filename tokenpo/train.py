@@ -27,6 +27,7 @@ from tokenpo.models.config import lora_lr_note
 from tokenpo.plan.context import check_run_context, check_token_budget, resolved_max_model_len, run_prompt_lengths
 from tokenpo.plan.memory import check_memory_plan
 from tokenpo.preflight import check_command_line, check_inputs
+from tokenpo.rollout.generator import GeneratorDown
 from tokenpo.schema import config_dict
 from tokenpo.trainer import rundir
 from tokenpo.trainer import RunIdentity
@@ -73,6 +74,8 @@ def hydra_main(tree: DictConfig) -> float | None:
         return run_job(tree, in_sweep)
     except ConfigError as err:
         fail(str(err), in_sweep)
+    except GeneratorDown as err:
+        fail(f"{err} (the run saved its checkpoint: the same command resumes it)", in_sweep)
     except Requeued:  # the job's rerun resumes: not a failed job of the sweep
         raise
     except SystemExit as exit_:

@@ -19,7 +19,7 @@ import os
 import queue
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.multiprocessing as mp
@@ -28,7 +28,7 @@ from tokenpo.errors import ConfigError
 from tokenpo.lifeline import die_with_parent
 from tokenpo.rollout.engine import Responses, SamplingParams, seeded_generator
 from tokenpo.models.published import Published
-from tokenpo.rollout.generator import GenerateRequest, Generated, Generator
+from tokenpo.rollout.generator import GenerateRequest, Generated, Generator, GeneratorDown, restored_results, results_state
 
 # seconds between looks at the shared version counters (the worker for weights, the trainer for the worker's load)
 POLL_S = 0.002
@@ -182,12 +182,10 @@ class AheadGenerator:
         """Every submitted request's result, waited for (plain data): a resumed run takes them back."""
         for key in sorted(self.pending):
             self.done[key] = self.result(key)[0]
-        return {"results": [{**asdict(generated), "key": list(key)} for key, generated in sorted(self.done.items())]}
+        return results_state(self.done)
 
     def load_state_dict(self, state: dict) -> None:
-        for item in state.get("results", []):
-            key = tuple(item["key"])
-            self.done[key] = Generated(key, Responses(**item["responses"]), item["version"], 0.0, 0.0)
+        self.done.update(restored_results(state))
 
     def take_metrics(self) -> dict[str, float]:
         taken, self.waits = self.waits, defaultdict(list)
@@ -195,7 +193,7 @@ class AheadGenerator:
 
     def _check_alive(self) -> None:
         if not self.process.is_alive():
-            raise RuntimeError(f"rollout generator process died (exit code {self.process.exitcode}); its error is "
+            raise GeneratorDown(f"rollout generator process died (exit code {self.process.exitcode}); its error is "
                                f"above in the log")
 
     def close(self) -> None:

@@ -52,6 +52,63 @@ class VLLMConfig:
         check_fields(self, "rollout.vllm")
 
 
+# the weight transfers the vllm_server engine drives through vLLM's weight-transfer API (tokenpo.rollout.server.push)
+SERVER_TRANSFERS = ("auto", "nccl", "gloo")
+# what a request in flight does when new weights reach its server (docs/rollout.md, "Partial rollouts")
+IN_FLIGHT = ("keep", "wait", "abort")
+
+
+@dataclass
+class ServerConfig:
+    """The `vllm_server` engine's servers (tokenpo.rollout.server; conf/rollout/vllm_server.yaml writes each with its
+    help). The model's settings (dtype, max_model_len, enforce_eager, seed, the CPU KV cache) are rollout.vllm's."""
+
+    urls: tuple = setting((),
+        "vLLM servers already running, http://host:port each (another srun step, a Slurm het-job component): "
+        "generation goes to them and tokenpo starts none; empty: tokenpo starts its own on `devices`")
+    devices: tuple = setting(("cpu",),
+        "Where tokenpo starts its server when no urls are given: [cpu] (a CPU server) or GPU indices of this node "
+        "(e.g. [6, 7]), one vLLM server with len(devices) / tensor_parallel_size data-parallel replicas")
+    tensor_parallel_size: int = setting(1, "GPUs one replica spans (tensor parallel)", ge=1)
+    host: str = setting("127.0.0.1",
+        "Address tokenpo's server listens on (0.0.0.0: reachable from other nodes)")
+    port: int = setting(8100, "Port tokenpo's server listens on", ge=1, le=65535)
+    cpu_cores: str = setting("",
+        "CPU server: the cores its threads run on (vLLM's VLLM_CPU_OMP_THREADS_BIND, e.g. 1 or 0-3; empty: vLLM's "
+        "choice); give the trainer the others (trainer.threads)")
+    gpu_memory_utilization: float = setting(0.9,
+        "GPU server: fraction of each of its GPUs vLLM takes (its GPUs are its own; vLLM's default 0.9)", gt=0, le=1)
+    transfer: str = setting("auto",
+        "How weights reach the servers, through vLLM's weight-transfer API: nccl (GPU servers) | gloo (CPU servers: "
+        "tokenpo's backend, registered with vLLM as a plugin) | auto (nccl for GPU servers, gloo for CPU ones)",
+        choices=SERVER_TRANSFERS)
+    transfer_address: str | None = setting(None,
+        "Address the servers reach the trainer's rank 0 at for the weight transfer (null: 127.0.0.1 for a server "
+        "tokenpo starts, this node's host name for servers given by urls)")
+    transfer_port: int = setting(29700, "Port of the weight transfer's rendezvous at the trainer's rank 0",
+                                 ge=1, le=65535)
+    bucket_mib: float = setting(512,
+        "Weights announced per update_weights call, in MiB (the trainer streams them module by module)", gt=0)
+    in_flight: str = setting("keep",
+        "A request in flight when new weights arrive (generation ahead): keep (paused, continued on the new "
+        "weights: a partial rollout, each token's version and log-prob kept) | wait (the push waits for it) | "
+        "abort (dropped, sampled again by the new version)", choices=IN_FLIGHT)
+    startup_timeout_s: float = setting(900, "Seconds a server may take to start and answer /health", gt=0)
+    request_timeout_s: float = setting(1800,
+        "Seconds one generation request may take before its server counts as stuck", gt=0)
+    push_timeout_s: float = setting(600, "Seconds a weight push may take before it counts as stuck", gt=0)
+    extra_args: tuple = setting((),
+        "More `vllm serve` arguments for the server tokenpo starts (e.g. [--max-num-seqs, '256'])")
+
+    def validate(self) -> None:
+        check_fields(self, "rollout.server")
+        require(bool(self.urls) or self.devices == ("cpu",) or all(str(d).isdigit() for d in self.devices),
+                f"rollout.server.devices={list(self.devices)}: [cpu] or GPU indices of this node (e.g. [6, 7])")
+        require(self.devices == ("cpu",) or len(self.devices) % self.tensor_parallel_size == 0,
+                f"rollout.server.devices has {len(self.devices)} GPUs, not a multiple of "
+                f"rollout.server.tensor_parallel_size={self.tensor_parallel_size}")
+
+
 @dataclass(frozen=True)
 class VLLMSizing:
     """vLLM's memory settings on one device, every null of VLLMConfig resolved."""
@@ -96,16 +153,19 @@ class AsyncConfig:
         requirement="cpu or cuda:<index>")
 
     def validate(self, engine: str) -> None:
+        from tokenpo.rollout.engine import ENGINES
+
         check_fields(self, "rollout.async")
-        require(self.max_staleness == 0 or engine == "hf",
-                f"rollout.async.max_staleness={self.max_staleness} runs the hf engine in a generator process; "
-                f"rollout.engine={engine} has no such mode yet (docs/rollout.md): use rollout=hf or max_staleness=0")
+        require(self.max_staleness == 0 or ENGINES.trait(engine, "ahead") is not None,
+                f"rollout.async.max_staleness={self.max_staleness}: rollout.engine={engine} cannot generate ahead "
+                f"(docs/rollout.md): use rollout=vllm_server (vLLM servers) or rollout=hf, or max_staleness=0")
 
 
 @dataclass
 class RolloutConfig:
     engine: str = setting("hf",
-        "Rollout engine (registry name): hf (the policy's own modules) | vllm (conf/rollout/vllm.yaml)")
+        "Rollout engine (registry name): hf (the policy's own modules) | vllm (colocated, conf/rollout/vllm.yaml) | "
+        "vllm_server (vLLM servers of their own, conf/rollout/vllm_server.yaml)")
     group_size: int = setting(4, "Responses per prompt G (GRPO paper: 64; DAPO: 16; CPU demo: 4)", ge=1)
     max_new_tokens: int = setting(32, "Maximum response length in tokens (DAPO paper: 20480; CPU demo: 32)", ge=1)
     temperature: float = setting(1.0, "Sampling temperature (papers: 1.0)", ge=0)
@@ -118,6 +178,8 @@ class RolloutConfig:
     vllm: VLLMConfig = section(VLLMConfig,
         "vLLM's own settings (read only by the vllm engine; share_prefill does not apply: vLLM's prefix cache shares "
         "prompts)")
+    server: ServerConfig = section(ServerConfig,
+        "The vllm_server engine's vLLM servers: started by tokenpo or given by URL (docs/rollout.md)")
     async_: AsyncConfig = section(AsyncConfig,
         "Generation ahead of the update by a bounded number of policy versions, with corrected off-policy updates "
         "(docs/rollout.md)")
@@ -129,6 +191,7 @@ class RolloutConfig:
         ENGINES.check(self.engine)
         check_fields(self, "rollout")
         self.vllm.validate()
+        self.server.validate()
         self.async_.validate(self.engine)
 
 

@@ -5,7 +5,8 @@ calls; the order of the calls is docs/rollout.md's "Phase order").
 The `hf` engine generates with the live policy module that `Policy.publish` lends it, the `vllm` engine with its own
 copy of the weights that each `load` brings up to date; with rollout.async.max_staleness >= 1 the `hf` engine runs in
 a process of its own ahead of the update (tokenpo.rollout.ahead) and the in-process engine samples the evaluations.
-Another engine (SGLang, a remote server) plugs in by registering a class with the engines' constructor
+The `vllm_server` engine generates on vLLM servers of their own (tokenpo.rollout.server), in turn or ahead.
+Another engine (SGLang, another server) plugs in by registering a class with the engines' constructor
 `(cfg: RolloutConfig, tokenizer, published: Published, device)` that implements `Generator`.
 """
 
@@ -59,8 +60,11 @@ def seeded_generator(seed: int, device: torch.device | str) -> torch.Generator:
 
 ENGINES = Registry("rollout.engine")
 # declared here and registered by their modules, which import transformers or vLLM only when an engine is built
-ENGINES.declare("hf", "tokenpo.rollout.hf")
+# ahead: how an engine generates ahead of the update (rollout.async.max_staleness >= 1): "process" in a generator
+# process of tokenpo's (tokenpo.rollout.ahead), "itself" on servers of its own; none: it cannot
+ENGINES.declare("hf", "tokenpo.rollout.hf", ahead="process")
 ENGINES.declare("vllm", "tokenpo.rollout.vllm_engine", requires="vllm", logprobs=True)
+ENGINES.declare("vllm_server", "tokenpo.rollout.server.engine", logprobs=True, ahead="itself", servers=True)
 
 
 def get_engine(name: str) -> type:
@@ -75,10 +79,10 @@ def get_engine(name: str) -> type:
 def build_generator(cfg: RolloutConfig, tokenizer, published: Published, device: torch.device,
                     world_size: int = 1) -> Generator:
     """The run's generator, holding `published` (the policy before training, or the model evaluated): the engine
-    rollout.engine names in this process, and with rollout.async.max_staleness >= 1 a generation-ahead process in
-    front of it (the engine then samples the evaluations only)."""
+    rollout.engine names, and with rollout.async.max_staleness >= 1, for an engine that runs in this process, a
+    generation-ahead process in front of it (the engine then samples the evaluations only)."""
     engine = get_engine(cfg.engine)(cfg, tokenizer, published, device)
-    if not cfg.async_.max_staleness:
+    if not cfg.async_.max_staleness or ENGINES.trait(cfg.engine, "ahead") != "process":
         return engine
     from tokenpo.rollout.ahead import AheadGenerator, WorkerSettings
 

@@ -15,7 +15,7 @@ Which version samples which step is `version_for`, a pure function of the step a
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # the protocol imports neither torch nor the models: start-up checks read the rollout config first
@@ -41,6 +41,27 @@ class Generated:
     version: int  # the version that sampled it (a partial rollout's newest)
     weights_wait_s: float  # the generator waited this long for the version's weights
     generate_s: float
+
+
+class GeneratorDown(RuntimeError):
+    """The generator's process or servers died or stopped answering (one line naming which): the run saves what it
+    can and stops (tokenpo.trainer.harness.loop)."""
+
+
+def results_state(done: dict[tuple[int, int], Generated]) -> dict:
+    """Results waited for, as a checkpoint keeps them (plain data)."""
+    return {"results": [{**asdict(generated), "key": list(key)} for key, generated in sorted(done.items())]}
+
+
+def restored_results(state: dict) -> dict[tuple[int, int], Generated]:
+    """`results_state`'s results back."""
+    from tokenpo.rollout.engine import Responses
+
+    restored = {}
+    for item in state.get("results", []):
+        key = tuple(item["key"])
+        restored[key] = Generated(key, Responses(**item["responses"]), item["version"], 0.0, 0.0)
+    return restored
 
 
 def version_for(step: int, max_staleness: int) -> int:

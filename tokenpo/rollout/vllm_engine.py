@@ -15,10 +15,8 @@ copied into the live model with `load_weights`, as TRL and verl do.
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
-import tempfile
 
 import torch
 
@@ -27,21 +25,10 @@ from tokenpo.rollout.config import vllm_sizing
 from tokenpo.rollout.engine import ENGINES, Responses, SamplingParams
 from tokenpo.models.published import Published
 from tokenpo.rollout.generator import AnsweredNow
+from tokenpo.rollout.model_folder import model_folder
 
 # vLLM's own RNG only serves requests without a seed; each request gets one drawn from the run's generator
 SEED_RANGE = 2**31 - 1
-
-
-def model_folder(published: Published, tokenizer) -> tempfile.TemporaryDirectory:
-    """A folder with the published model's config and tokenizer (no weights): what vLLM builds its model from (the
-    base model's: a LoRA policy publishes merged weights)."""
-    folder = tempfile.TemporaryDirectory(prefix="tokenpo-vllm-")
-    config = copy.deepcopy(published.config)
-    # the class vLLM builds: a config made in memory (the tiny model) names none
-    config.architectures = config.architectures or [published.architecture]
-    config.save_pretrained(folder.name)
-    tokenizer.save_pretrained(folder.name)
-    return folder
 
 
 @ENGINES.register("vllm")

@@ -16,7 +16,7 @@ from tokenpo.deepspeed import dist
 from tokenpo.rewards import RewardScorer, question
 from tokenpo.rollout.config import RolloutConfig
 from tokenpo.rollout.engine import SamplingParams
-from tokenpo.rollout.generator import GenerateRequest, Generated, Generator, version_for
+from tokenpo.rollout.generator import GenerateRequest, Generated, Generator, GeneratorDown, version_for
 from tokenpo.trainer.core.rollouts import StepRollouts
 from tokenpo.trainer.core.timings import Timings
 
@@ -88,6 +88,8 @@ class RolloutSource:
         self.params = replace(params, logprobs=True) if schedule.max_staleness else params
         self.seed_base = seed_base
         self.examples: dict[tuple[int, int], list[Example]] = {}  # each submitted round's prompts (every rank's)
+        # a generator that failed to take a version's weights: the step ends, the run saves and stops
+        self.down: GeneratorDown | None = None
         self.metrics: dict[str, list[float]] = defaultdict(list)
 
     def seed(self, step: int, round_index: int) -> int:
@@ -121,6 +123,9 @@ class RolloutSource:
         rollouts = self.scored(examples, local, generated if local else None, timings)
         if self.schedule.max_staleness:
             self.metrics["async/staleness"].append(step - 1 - generated.version)
+            for versions in generated.responses.token_versions or []:
+                self.metrics["async/token_staleness"] += [step - 1 - version for version in versions]
+                self.metrics["async/partial_frac"].append(float(len(set(versions)) > 1))
             self.metrics["timing/trainer_wait_rollouts_s"].append(waited)
             self.metrics["timing/generator_wait_weights_s"].append(generated.weights_wait_s)
             self.metrics["timing/generator_s"].append(generated.generate_s)
@@ -133,7 +138,11 @@ class RolloutSource:
     def after_update(self, step: int, policy) -> None:
         """Step `step`'s update is applied: version `step` to the generator (it wakes a sleeping one), and the first
         round of the step it samples ahead submitted."""
-        self.generator.load(policy.publish(step))
+        try:
+            self.generator.load(policy.publish(step))
+        except GeneratorDown as error:
+            self.down = error
+            return
         if (ahead := self.schedule.ahead_after(step)) is not None:
             self.submit(ahead, 0, self.schedule.first_round, step)
 
@@ -143,6 +152,10 @@ class RolloutSource:
         generator for weights."""
         taken, self.metrics = self.metrics, defaultdict(list)
         out = {}
+        for key in ("async/token_staleness", "async/partial_frac"):  # over tokens; over responses
+            values = taken.pop(key, [])
+            if values:
+                out[key] = sum(values) / len(values)
         staleness = taken.pop("async/staleness", [])
         if staleness:
             out["async/staleness"] = sum(staleness) / len(staleness)
@@ -154,10 +167,15 @@ class RolloutSource:
         return out
 
     def state_dict(self) -> dict:
-        """This rank's rounds in flight, waited for, with their prompts (plain data, for a checkpoint)."""
+        """This rank's rounds in flight, waited for, with their prompts (plain data, for a checkpoint); a round whose
+        samples a failed generator lost is left out (the resumed run draws and samples it anew)."""
+        generator = self.generator.state_dict()
+        answered = {tuple(item["key"]) for item in generator.get("results", [])}
+        rounds = {key: examples for key, examples in self.examples.items()
+                  if key in answered or "results" not in generator}
         return {"rounds": [{"key": list(key), "examples": [asdict(e) for e in examples]}
-                           for key, examples in sorted(self.examples.items())],
-                "generator": self.generator.state_dict()}
+                           for key, examples in sorted(rounds.items())],
+                "generator": generator}
 
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint's rounds in flight back (before `start`): they are not sampled again."""

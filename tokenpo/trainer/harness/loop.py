@@ -27,6 +27,7 @@ from tokenpo.logger.samples import rollout_rows
 from tokenpo.plan.memory import with_vllm_share
 from tokenpo.rewards import RewardScorer
 from tokenpo.rollout import Generator, build_generator
+from tokenpo.rollout.generator import GeneratorDown
 from tokenpo.trainer.harness.environment import record_environment
 from tokenpo.trainer.harness.evals import AFTER, BEFORE, Evaluator, evaluate_benchmarks, load_benchmarks
 from tokenpo.trainer.harness.health import HealthMonitor
@@ -139,12 +140,15 @@ class Loop:
         started = time.perf_counter() - state.elapsed_s
         shapes = step_shapes(self.cfg)  # what an out-of-memory line names: fixed by the config, built once
         for step in range(state.step + 1, trainer.max_steps + 1):
-            with out_of_memory_reported(self.cfg, f"step {step}", shapes):
+            with out_of_memory_reported(self.cfg, f"step {step}", shapes), self.saved_when_generator_down():
                 result = train_step(step, step_lr(step, trainer), self.run, self.policy, self.source,
                                     state.entropy_coef, self.health)
             metrics = self.after_step(step, result)
             metrics["time/elapsed_s"] = state.elapsed_s = time.perf_counter() - started
             self.logger.log(step, metrics)
+            if self.source.down is not None:  # the step's update is applied and logged; its weights did not leave
+                self.save()
+                raise self.source.down
             # every rank must agree: a signal may have reached only some of them; a health detector with
             # action=stop ends the run as a signal does (every rank saw the same metrics)
             interrupted = any(dist.all_gather_objects(stop.requested)) or self.health.stopping is not None
@@ -153,6 +157,16 @@ class Loop:
             if interrupted:
                 return True
         return False
+
+    @contextlib.contextmanager
+    def saved_when_generator_down(self):
+        """A generator that died before the step's update (its process or servers): the run as of the step before
+        is saved, the rounds the generator lost left to sample again, and the error goes on (one line)."""
+        try:
+            yield
+        except GeneratorDown:
+            self.save()
+            raise
 
     def after_step(self, step: int, result: StepResult) -> dict[str, float]:
         """The run state advanced past `step`; its metrics with the evaluation due at it; its sample table."""

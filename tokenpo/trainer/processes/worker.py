@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tokenpo.deepspeed.build_locks import check_build_locks
 from tokenpo.errors import ConfigError
+from tokenpo.rollout.generator import GeneratorDown
 from tokenpo.trainer.harness.identity import RunIdentity
 from tokenpo.trainer.processes.launch import die_with_launcher
 from tokenpo.trainer.harness.rundir import RESOLVED
@@ -41,6 +42,9 @@ def main(argv: list[str]) -> int:
         train(build_config(payload["config"]), identity)
     except ConfigError as err:
         print(f"tokenpo: error: {err}", file=sys.stderr)
+        return 2
+    except GeneratorDown as err:
+        print(f"tokenpo: error: {err} (the run saved its checkpoint: the same command resumes it)", file=sys.stderr)
         return 2
     return 0
 

@@ -1,0 +1,232 @@
+"""The `vllm_server` engine: rollouts on vLLM servers of their own (other GPUs or nodes, or CPU cores), started by
+tokenpo (rollout.server.devices) or already running (rollout.server.urls), in turn (rollout.async.max_staleness=0)
+or ahead of the update (k >= 1: requests run on the servers while the trainer updates).
+
+Each prompt is one request, with its own seed, to the servers in turn (a server with data-parallel replicas spreads
+them itself); its samples come back with every token's log-prob and the policy version that sampled it. After each
+update the policy's weights are pushed (tokenpo.rollout.server.push); a request in flight then keeps going on the new
+weights, waits, or is sampled again (rollout.server.in_flight). A server that dies or stops answering, or a push that
+does not finish, is a `GeneratorDown` naming the server: the run saves and stops (tokenpo.trainer.harness.loop).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+
+import torch
+
+from tokenpo.deepspeed import dist
+from tokenpo.models.published import Published
+from tokenpo.rollout.config import RolloutConfig
+from tokenpo.rollout.engine import ENGINES, Responses, SamplingParams
+from tokenpo.rollout.generator import Generated, GenerateRequest, GeneratorDown, restored_results, results_state
+from tokenpo.rollout.model_folder import model_folder
+from tokenpo.rollout.server import process
+from tokenpo.rollout.server.client import ServerCallError
+from tokenpo.rollout.server.launch import server_spec, transfer_backend
+from tokenpo.rollout.server.push import TransferSetup, WeightPush
+from tokenpo.rollout.server.request import Sample, generate
+
+log = logging.getLogger("tokenpo")
+# each request draws its seed from the round's generator, as the colocated engine does
+SEED_RANGE = 2**31 - 1
+# requests open at once per trainer process (one per prompt): enough to keep every server's batch full
+MAX_OPEN_REQUESTS = 256
+# seconds between health checks while the trainer waits for samples
+HEALTH_POLL_S = 5.0
+
+
+@ENGINES.register("vllm_server")
+class VLLMServerEngine:
+    def __init__(self, cfg: RolloutConfig, tokenizer, published: Published, device: torch.device) -> None:
+        self.cfg, self.server_cfg = cfg, cfg.server
+        self.folder = model_folder(published, tokenizer) if not cfg.server.urls else None
+        self.servers: list[process.Server] = []
+        self.push: WeightPush | None = None
+        self.pool = ThreadPoolExecutor(max_workers=MAX_OPEN_REQUESTS, thread_name_prefix="tokenpo-request")
+        self.resumed = threading.Event()  # clear while a push runs: a request aborted by it waits to be sent again
+        self.resumed.set()
+        self.version = -1
+        self.pending: dict[tuple[int, int], tuple[GenerateRequest, list[Future], float]] = {}
+        self.done: dict[tuple[int, int], Generated] = {}
+        self.measured: dict[str, list[float]] = defaultdict(list)
+        try:
+            self._start(published)
+        except BaseException:
+            self.close()  # a server started before the failure stops with it
+            raise
+
+    def _start(self, published: Published) -> None:
+        """The servers ready, the transfer open, `published` pushed before the first request."""
+        self.servers = self._servers(published)
+        self.urls = [server.url for server in self.servers]
+        setup = self._transfer_setup(transfer_backend(self.cfg, torch.cuda.is_available()))
+        self.push = self._guarded("opening the weight transfer",
+                                  lambda: WeightPush(self.urls, setup, sender=dist.is_main()))
+        self.load(published)
+
+    # --- servers and transfer ---
+
+    def _servers(self, published: Published) -> list[process.Server]:
+        """The servers given by URL, or the one rank 0 starts (every rank learns its URL); ready."""
+        if self.server_cfg.urls:
+            servers = [process.given(url, f"vLLM server {url}") for url in self.server_cfg.urls]
+        else:
+            server = None
+            if dist.is_main():
+                dtype = (self.cfg.vllm.dtype if self.cfg.vllm.dtype != "auto"
+                         else str(published.dtype).removeprefix("torch."))
+                log_dir = Path(tempfile.mkdtemp(prefix=f"tokenpo-server-{os.getpid()}-"))
+                spec = server_spec(self.cfg, self.folder.name, dtype,
+                                   transfer_backend(self.cfg, torch.cuda.is_available()), log_dir)
+                log.info("%s starting (its log: %s)", spec.name, spec.log_path)
+                server = process.start(spec)
+                self.servers = [server]  # stopped by close if what follows fails
+            url = dist.broadcast_object(server.url if server else None)
+            servers = [server or process.given(url, f"vLLM server {url}")]
+        started = time.perf_counter()
+        for server in servers:
+            process.wait_ready(server, self.server_cfg.startup_timeout_s)
+        log.info("vLLM servers ready in %.0f s: %s", time.perf_counter() - started, ", ".join(s.url for s in servers))
+        return servers
+
+    def _transfer_setup(self, backend: str) -> TransferSetup:
+        s = self.server_cfg
+        address = s.transfer_address or ("127.0.0.1" if not s.urls else socket.getfqdn())
+        return TransferSetup(backend, address, s.transfer_port, int(s.bucket_mib * 2**20), s.push_timeout_s)
+
+    def _guarded(self, doing: str, action):
+        """`action()`; a server that fails it is a GeneratorDown naming the server and what it was doing, the same
+        on every rank (only rank 0 may see a failed push)."""
+        failure = None
+        try:
+            result = action()
+        except (ServerCallError, process.ServerError, RuntimeError) as error:
+            failure, result = f"{doing}: {str(error).splitlines()[0]}", None
+        failure = dist.broadcast_object(failure)
+        if failure is not None:
+            raise GeneratorDown(failure)
+        return result
+
+    def check(self) -> None:
+        for server in self.servers:
+            try:
+                process.check(server)
+            except process.ServerError as error:
+                raise GeneratorDown(str(error)) from None
+
+    # --- Generator ---
+
+    def load(self, published: Published) -> None:
+        """Version `published.version` pushed to every server (every rank reads the weights)."""
+        self.resumed.clear()
+        try:
+            stats = self._guarded(f"pushing policy version {published.version} to {', '.join(self.urls)}",
+                                  lambda: self.push.push(published, self.server_cfg.in_flight))
+        finally:
+            self.resumed.set()
+        self.version = published.version
+        self.measured["timing/weight_push_s"].append(stats.seconds)
+        self.measured["timing/weight_push_drain_s"].append(stats.drain_s)
+        self.measured["rollout/weight_push_mib"].append(stats.mib)
+
+    def submit(self, request: GenerateRequest) -> None:
+        if request.key in self.done:  # restored from a checkpoint with its result
+            return
+        if request.version != self.version:
+            raise RuntimeError(f"rollout engine: request {request.key} needs policy version {request.version}, the "
+                               f"servers hold {self.version}")
+        rng = torch.Generator().manual_seed(request.seed)
+        futures = self._requests(request.prompt_ids, request.params, rng)
+        self.pending[request.key] = (request, futures, time.perf_counter())
+
+    def result(self, key: tuple[int, int]) -> tuple[Generated, float]:
+        if key in self.done:
+            return self.done.pop(key), 0.0
+        request, futures, submitted = self.pending.pop(key)
+        started = time.perf_counter()
+        per_prompt = self._wait(futures)
+        responses = responses_of(per_prompt)
+        # a partial rollout's oldest version: the staleness it counts is its oldest token's
+        versions = [v for row in responses.token_versions for v in row] or [request.version]
+        return (Generated(key, responses, min(versions), 0.0, time.perf_counter() - submitted),
+                time.perf_counter() - started)
+
+    def sample(self, prompt_ids, params: SamplingParams, rng: torch.Generator) -> Responses:
+        return responses_of(self._wait(self._requests(prompt_ids, params, rng)))
+
+    def sleep(self) -> None:
+        pass  # the servers' devices are their own: nothing to give the update
+
+    def wake_up(self) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        """Every submitted request's result, waited for: a resumed run takes them back. With a server down, the
+        requests it had are left out (the resumed run samples them again)."""
+        try:
+            for key in sorted(self.pending):
+                self.done[key] = self.result(key)[0]
+        except GeneratorDown:
+            self.pending.clear()
+        return results_state(self.done)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.done.update(restored_results(state))
+
+    def take_metrics(self) -> dict[str, float]:
+        taken, self.measured = self.measured, defaultdict(list)
+        return {key: float(sum(values)) for key, values in taken.items()}
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.push is not None:
+            self.push.close()
+        for server in self.servers:
+            process.stop(server)
+        if self.folder is not None:
+            self.folder.cleanup()
+
+    # --- requests ---
+
+    def _requests(self, prompt_ids: list[list[int]], params: SamplingParams, rng: torch.Generator) -> list[Future]:
+        """One request per prompt, to the servers in turn, each with a seed drawn from `rng`."""
+        seeds = torch.randint(SEED_RANGE, (len(prompt_ids),), generator=rng, device=rng.device).tolist()
+        return [self.pool.submit(self._generate, self.urls[index % len(self.urls)], prompt, params, seed)
+                for index, (prompt, seed) in enumerate(zip(prompt_ids, seeds))]
+
+    def _generate(self, url: str, prompt: list[int], params: SamplingParams, seed: int) -> list[Sample]:
+        """The prompt's samples; dropped by a push (in_flight=abort), sampled again once the push is done."""
+        while True:
+            self.resumed.wait()
+            out = generate(url, prompt, params, seed, self.server_cfg.request_timeout_s, self.version)
+            if not any(sample.aborted for sample in out):
+                return out
+            self.measured["rollout/requests_resampled"].append(1.0)
+
+    def _wait(self, futures: list[Future]) -> list[list[Sample]]:
+        """The futures' samples, the servers' health checked while they run: a dead server is one line, not a hang."""
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, timeout=HEALTH_POLL_S, return_when=FIRST_EXCEPTION)
+            failed = next((f.exception() for f in finished if f.exception() is not None), None)
+            if failed is not None:
+                raise GeneratorDown(str(failed).splitlines()[0]) from None
+            if pending:
+                self.check()
+        return [future.result() for future in futures]
+
+
+def responses_of(per_prompt: list[list[Sample]]) -> Responses:
+    """Samples prompt-major, as every engine returns them."""
+    rows = [sample for samples in per_prompt for sample in samples]
+    return Responses(token_ids=[row.token_ids for row in rows], truncated=[row.truncated for row in rows],
+                     logprobs=[row.logprobs for row in rows], token_versions=[row.versions for row in rows])
