@@ -57,6 +57,8 @@ def main(argv: list[str]) -> int:
     requested: list[int] = []  # the stop signals received (a handler only records them: it may run anywhere)
     for signum in STOP_SIGNALS:
         signal.signal(signum, lambda received, frame: requested.append(received))
+    if os.getpgrp() != os.getpid():  # started by hand: its signals to "its group" must not reach the caller's
+        os.setsid()
     prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     if os.getppid() != parent:  # the trainer died before the lines above: nobody is left to serve
