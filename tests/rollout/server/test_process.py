@@ -242,13 +242,24 @@ def run_trainer(tmp_path: Path, then: str, *server_flags: str) -> tuple[subproce
     return trainer, [int(guard_pid.read_text()), server_pid, grandchild]
 
 
+def kill_group(pids: list[int]) -> None:
+    """After a failed test: what is left of a stand-in trainer's server tree (the guard's group)."""
+    try:
+        os.killpg(pids[0], signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 @pytest.mark.parametrize("server_flags", [(), ("--ignore-term",)], ids=["exits-on-sigterm", "ignores-sigterm"])
 def test_the_whole_tree_dies_with_a_sigkilled_trainer(tmp_path, server_flags):
     trainer, pids = run_trainer(tmp_path, "sleep", *server_flags)
-    assert all(map(running, pids))
-    trainer.kill()  # SIGKILL: the trainer runs no handler, no atexit
-    trainer.wait()
-    assert still_running(pids) == []  # the guard's SIGTERM, then SIGKILL after its 1 s grace
+    try:
+        assert all(map(running, pids))
+        trainer.kill()  # SIGKILL: the trainer runs no handler, no atexit
+        trainer.wait()
+        assert still_running(pids) == []  # the guard's SIGTERM, then SIGKILL after its 1 s grace
+    finally:
+        kill_group(pids)
     log = (tmp_path / "server.log").read_text()
     assert "got SIGTERM (the trainer stopped the server or died): stopping its tree" in log
 
@@ -257,8 +268,11 @@ def test_a_trainer_that_fails_stops_its_servers_before_it_exits(tmp_path):
     # the server takes 1 s to exit on SIGTERM: the guard alone (told by the trainer's death) would leave it running
     # after the trainer's end; the trainer's exit hook waits for it
     trainer, pids = run_trainer(tmp_path, "raise", "--term-delay", "1")
-    assert trainer.wait(timeout=READY_S) == 1
-    assert [pid for pid in pids if running(pid)] == []
+    try:
+        assert trainer.wait(timeout=READY_S) == 1
+        assert [pid for pid in pids if running(pid)] == []
+    finally:
+        kill_group(pids)
     assert "RuntimeError: the stand-in trainer fails" in trainer.stderr.read()
 
 
