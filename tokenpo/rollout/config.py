@@ -73,7 +73,7 @@ class ServerConfig:
     host: str = setting("127.0.0.1",
         "Address tokenpo's server listens on (0.0.0.0: reachable from other nodes)")
     port: int = setting(8100, "Port tokenpo's server listens on", ge=1, le=65535)
-    cpu_cores: str = setting("",
+    cpu_cores: str | int = setting("",
         "CPU server: the cores its threads run on (vLLM's VLLM_CPU_OMP_THREADS_BIND, e.g. 1 or 0-3; empty: vLLM's "
         "choice); give the trainer the others (trainer.threads)")
     gpu_memory_utilization: float = setting(0.9,

@@ -126,7 +126,10 @@ class VLLMServerEngine:
     # --- Generator ---
 
     def load(self, published: Published) -> None:
-        """Version `published.version` pushed to every server (every rank reads the weights)."""
+        """Version `published.version` pushed to every server (every rank reads the weights); a version the servers
+        hold already is not pushed again (the run's start loads the version the engine was built with)."""
+        if published.version == self.version:
+            return
         self.resumed.clear()
         try:
             stats = self._guarded(f"pushing policy version {published.version} to {', '.join(self.urls)}",

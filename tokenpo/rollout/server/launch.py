@@ -54,7 +54,7 @@ def server_env(cfg: RolloutConfig) -> dict[str, str]:
     if on_gpus(cfg):
         return {**SERVER_ENV, "CUDA_VISIBLE_DEVICES": ",".join(str(device) for device in s.devices)}
     kv_gib = vllm_sizing(cfg.vllm, "cpu").kv_cache_bytes / 2**30
-    cores = {"VLLM_CPU_OMP_THREADS_BIND": s.cpu_cores} if s.cpu_cores else {}
+    cores = {"VLLM_CPU_OMP_THREADS_BIND": str(s.cpu_cores)} if s.cpu_cores != "" else {}
     # vLLM's CPU backend takes its KV cache size in whole GiB
     return {**SERVER_ENV, "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(kv_gib))), **cores}
 
