@@ -160,18 +160,43 @@ def test_a_server_not_ready_in_time_is_one_line_naming_the_seconds(tmp_path):
     assert server.process.poll() is None  # a timeout says so; stopping is the caller's choice
 
 
-def test_check_reports_a_killed_server_and_its_leftovers_are_stopped(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=lambda signum: signum.name)
+def test_check_reports_a_killed_server_and_its_leftovers_are_stopped(tmp_path, signum):
     spec = standin(tmp_path, "--grandchild")
     server = start(spec)
     wait_ready(server, READY_S)
     guard_pid, server_pid, grandchild = tree(server, tmp_path)
-    os.kill(server_pid, signal.SIGKILL)  # the OOM killer, say
-    assert server.process.wait(timeout=GONE_S) == -signal.SIGKILL  # the guard ends as its server did
+    os.kill(server_pid, signum)  # the OOM killer, say
+    assert server.process.wait(timeout=GONE_S) == -signum  # the guard ends as its server did
     with pytest.raises(ServerError) as error:
         check(server)
-    assert first_line(error) == f"stand-in server at {spec.url} was killed by SIGKILL; its log: {spec.log_path}"
-    assert f"the server (pid {server_pid}) was killed by SIGKILL; stopping what it left" in str(error.value)
+    assert first_line(error) == f"stand-in server at {spec.url} was killed by {signum.name}; its log: {spec.log_path}"
+    assert f"the server (pid {server_pid}) was killed by {signum.name}; stopping what it left" in str(error.value)
     assert still_running([grandchild], 0) == []
+
+
+def test_a_leftover_of_a_dead_server_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    server = start(standin(tmp_path, "--grandchild", "--ignore-term", grace_s=1.0))
+    wait_ready(server, READY_S)
+    guard_pid, server_pid, grandchild = tree(server, tmp_path)
+    os.kill(server_pid, signal.SIGKILL)
+    # the guard, a subreaper, has the orphaned grandchild as its child: it waits for it, then kills the group
+    assert server.process.wait(timeout=GONE_S) == -signal.SIGKILL
+    assert still_running([grandchild], 0) == []
+    assert "still running 1 s after SIGTERM: SIGKILL to the process group" in server.log_path.read_text()
+
+
+def test_a_killed_guard_takes_its_server_along_and_stop_ends_the_rest(tmp_path):
+    server = start(standin(tmp_path, "--grandchild"))
+    wait_ready(server, READY_S)
+    guard_pid, server_pid, grandchild = tree(server, tmp_path)
+    os.kill(guard_pid, signal.SIGKILL)  # the guard itself killed (the OOM killer)
+    assert still_running([server_pid]) == []  # the server's own parent-death signal
+    assert running(grandchild)  # orphaned, still in the group
+    with pytest.raises(ServerError, match=r"^stand-in server at \S+ was killed by SIGKILL; its log: "):
+        check(server)
+    stop(server)  # the group, from here
+    assert [pid for pid in (server_pid, grandchild) if running(pid)] == []
 
 
 def test_check_reports_a_server_that_stops_answering_within_its_timeout(tmp_path):
