@@ -195,8 +195,10 @@ def test_a_killed_guard_takes_its_server_along_and_stop_ends_the_rest(tmp_path):
     assert running(grandchild)  # orphaned, still in the group
     with pytest.raises(ServerError, match=r"^stand-in server at \S+ was killed by SIGKILL; its log: "):
         check(server)
-    stop(server)  # the group, from here
+    began = time.monotonic()
+    stop(server)  # SIGTERM to the group, from here
     assert [pid for pid in (server_pid, grandchild) if running(pid)] == []
+    assert time.monotonic() - began < 5.0  # not the SIGKILL after the grace and the slack (1 + 5 s)
 
 
 def test_check_reports_a_server_that_stops_answering_within_its_timeout(tmp_path):
