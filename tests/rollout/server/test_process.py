@@ -145,9 +145,9 @@ def test_a_port_taken_after_the_check_is_named_from_the_servers_log(tmp_path):
         taken.listen()
         with pytest.raises(ServerError) as error:
             wait_ready(server, READY_S)
-    assert first_line(error) == (f"stand-in server at {spec.url} exited with code 1 during startup: port {spec.port} "
-                                 f"on 127.0.0.1 is taken (its log says 'address already in use'); set "
-                                 f"rollout.server.port to a free port; its log: {spec.log_path}")
+    assert first_line(error) == (f"stand-in server at {spec.url} exited with code 1 during startup: its log says "
+                                 f"'address already in use', a port it needs is taken (port {spec.port} on "
+                                 f"127.0.0.1? set rollout.server.port to a free port); its log: {spec.log_path}")
 
 
 def test_a_server_not_ready_in_time_is_one_line_naming_the_seconds(tmp_path):

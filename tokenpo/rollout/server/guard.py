@@ -27,6 +27,7 @@ import resource
 import signal
 import sys
 import time
+import traceback
 
 # prctl options from <linux/prctl.h> (PR_SET_PDEATHSIG as in tokenpo.lifeline): the signal this process gets when
 # its parent dies; orphaned descendants are re-parented to this process instead of to init
@@ -49,7 +50,10 @@ def prctl(option: int, value: int) -> None:
 
 
 def say(text: str) -> None:
-    print(f"tokenpo guard (pid {os.getpid()}): {text}", file=sys.stderr, flush=True)
+    try:
+        print(f"tokenpo guard (pid {os.getpid()}): {text}", file=sys.stderr, flush=True)
+    except OSError:  # a full disk must not stop the guard
+        pass
 
 
 def main(argv: list[str]) -> int:
@@ -71,7 +75,7 @@ def main(argv: list[str]) -> int:
         say(f"got {signal.Signals(requested[0]).name} (the trainer stopped the server or died): stopping its tree")
         stop_group(grace_s)
         return 0
-    say(f"the server (pid {server}) {ended(status)}; stopping what it left")
+    say(f"the server (pid {server}) {describe(os.waitstatus_to_exitcode(status))}; stopping what it left")
     stop_group(grace_s)
     return exit_like(status)
 
@@ -127,9 +131,14 @@ def has_children() -> bool:
             return True
 
 
-def ended(status: int) -> str:
-    code = os.waitstatus_to_exitcode(status)
-    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+def describe(code: int) -> str:
+    """How a process with exit code `code` (negative: killed by that signal, as subprocess reports it) ended."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:  # a real-time signal
+        return f"was killed by signal {-code}"
 
 
 def exit_like(status: int) -> int:
@@ -146,4 +155,10 @@ def exit_like(status: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Exception:
+        say(traceback.format_exc())
+        if os.getpgrp() == os.getpid():  # a guard that fails takes its group with it: no server is left unguarded
+            os.killpg(0, signal.SIGKILL)
+        raise
