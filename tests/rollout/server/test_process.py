@@ -93,15 +93,17 @@ def test_a_started_server_is_ready_healthy_and_stopped_with_its_whole_tree(tmp_p
     assert f"started {sys.executable} {STANDIN_SERVER}" in spec.log_path.read_text()
 
 
-def test_stop_kills_a_tree_that_ignores_sigterm_after_the_grace(tmp_path):
-    server = start(standin(tmp_path, "--grandchild", "--ignore-term", grace_s=1.0))
+@pytest.mark.parametrize("flags", [(), ("--grandchild-group",)], ids=["one-group", "grandchild-in-a-group-of-its-own"])
+def test_stop_kills_a_tree_that_ignores_sigterm_after_the_grace(tmp_path, flags):
+    server = start(standin(tmp_path, "--grandchild", "--ignore-term", *flags, grace_s=1.0))
     wait_ready(server, READY_S)
     pids = tree(server, tmp_path)
+    assert (os.getpgid(pids[2]) == pids[2]) == bool(flags)
     began = time.monotonic()
     stop(server)
     assert [pid for pid in pids if running(pid)] == []
     assert 1.0 <= time.monotonic() - began < 1.0 + 5.0  # the guard's grace, not stop's own SIGKILL after the slack
-    assert "still running 1 s after SIGTERM: SIGKILL to the process group" in server.log_path.read_text()
+    assert "still running 1 s after SIGTERM: SIGKILL to the tree" in server.log_path.read_text()
 
 
 def test_a_taken_port_is_one_line_before_anything_starts(tmp_path):
@@ -183,7 +185,7 @@ def test_a_leftover_of_a_dead_server_that_ignores_sigterm_is_killed_after_the_gr
     # the guard, a subreaper, has the orphaned grandchild as its child: it waits for it, then kills the group
     assert server.process.wait(timeout=GONE_S) == -signal.SIGKILL
     assert still_running([grandchild], 0) == []
-    assert "still running 1 s after SIGTERM: SIGKILL to the process group" in server.log_path.read_text()
+    assert "still running 1 s after SIGTERM: SIGKILL to the tree" in server.log_path.read_text()
 
 
 def test_a_killed_guard_takes_its_server_along_and_stop_ends_the_rest(tmp_path):
@@ -232,7 +234,8 @@ def test_a_given_server_is_checked_and_never_stopped(tmp_path):
         process.wait()
     with pytest.raises(ServerError) as error:
         check(server)
-    assert str(error.value) == f"remote server at http://127.0.0.1:{port} is not healthy (GET /health: Connection refused)"
+    assert str(error.value) == (f"remote server at http://127.0.0.1:{port} is not healthy (GET /health: Connection "
+                                f"refused)")
 
 
 def test_a_given_url_must_be_http():
@@ -270,14 +273,16 @@ def run_trainer(tmp_path: Path, then: str, *server_flags: str) -> tuple[subproce
 
 
 def kill_group(pids: list[int]) -> None:
-    """After a failed test: what is left of a stand-in trainer's server tree (the guard's group)."""
-    try:
-        os.killpg(pids[0], signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """After a failed test: what is left of a stand-in trainer's server tree (the guard's group, the grandchild)."""
+    for group in {pids[0], os.getpgid(pids[2]) if running(pids[2]) else pids[0]}:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
-@pytest.mark.parametrize("server_flags", [(), ("--ignore-term",)], ids=["exits-on-sigterm", "ignores-sigterm"])
+@pytest.mark.parametrize("server_flags", [(), ("--ignore-term",), ("--ignore-term", "--grandchild-group")],
+                         ids=["exits-on-sigterm", "ignores-sigterm", "grandchild-in-a-group-of-its-own"])
 def test_the_whole_tree_dies_with_a_sigkilled_trainer(tmp_path, server_flags):
     trainer, pids = run_trainer(tmp_path, "sleep", *server_flags)
     try:
