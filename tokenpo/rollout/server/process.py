@@ -170,8 +170,6 @@ def wait_ready(server: Server, timeout_s: float) -> None:
 def check(server: Server, timeout_s: float = 5.0) -> None:
     """The liveness check between steps: raises a ServerError when the server was stopped, its process exited or
     GET /health does not answer 200 within `timeout_s` seconds."""
-    if server.stopped:
-        raise ServerError(f"{server.name} at {server.url} was stopped")
     raise_if_exited(server, "")
     problem = health_problem(server.url, timeout_s)
     if problem is not None:
@@ -201,8 +199,10 @@ def no_answer(reason: object, timeout_s: float) -> str:
 
 
 def raise_if_exited(server: Server, when: str) -> None:
-    """Raises the ServerError of a started server whose process (its guard, which exits as the server did)
-    ended; says when its log says the port was taken."""
+    """Raises the ServerError of a started server that was stopped or whose process (its guard, which exits as the
+    server did) ended; says when its log says the port was taken."""
+    if server.stopped:
+        raise ServerError(f"{server.name} at {server.url} was stopped")
     if server.process is None or (code := server.process.poll()) is None:
         return
     ended = guard.describe(code) + when
