@@ -29,6 +29,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--pids", required=True)
     parser.add_argument("--grandchild", action="store_true")
+    parser.add_argument("--grandchild-group", action="store_true",
+                        help="the grandchild starts a process group of its own, as vLLM's data-parallel API servers")
     parser.add_argument("--ignore-term", action="store_true", help="it and its grandchild ignore SIGTERM")
     parser.add_argument("--term-delay", type=float, default=0.0, help="seconds it takes to exit on SIGTERM")
     parser.add_argument("--fail", type=int, help="print a line and exit with this code before listening")
@@ -41,8 +43,12 @@ def main() -> None:
         signal.signal(signal.SIGTERM, lambda *_: (time.sleep(args.term_delay), os._exit(0)))
     grandchild = os.fork() if args.grandchild else 0
     if args.grandchild and grandchild == 0:
+        if args.grandchild_group:
+            os.setpgrp()
         time.sleep(3600)
         os._exit(0)
+    if args.grandchild_group:
+        os.setpgid(grandchild, grandchild)  # here too, as shells do: done before the pids are written
     with open(args.pids, "w") as out:
         out.write(f"{os.getpid()} {grandchild}\n")
     if args.fail is not None:

@@ -93,15 +93,17 @@ def test_a_started_server_is_ready_healthy_and_stopped_with_its_whole_tree(tmp_p
     assert f"started {sys.executable} {STANDIN_SERVER}" in spec.log_path.read_text()
 
 
-def test_stop_kills_a_tree_that_ignores_sigterm_after_the_grace(tmp_path):
-    server = start(standin(tmp_path, "--grandchild", "--ignore-term", grace_s=1.0))
+@pytest.mark.parametrize("flags", [(), ("--grandchild-group",)], ids=["one-group", "grandchild-in-a-group-of-its-own"])
+def test_stop_kills_a_tree_that_ignores_sigterm_after_the_grace(tmp_path, flags):
+    server = start(standin(tmp_path, "--grandchild", "--ignore-term", *flags, grace_s=1.0))
     wait_ready(server, READY_S)
     pids = tree(server, tmp_path)
+    assert (os.getpgid(pids[2]) == pids[2]) == bool(flags)
     began = time.monotonic()
     stop(server)
     assert [pid for pid in pids if running(pid)] == []
     assert 1.0 <= time.monotonic() - began < 1.0 + 5.0  # the guard's grace, not stop's own SIGKILL after the slack
-    assert "still running 1 s after SIGTERM: SIGKILL to the process group" in server.log_path.read_text()
+    assert "still running 1 s after SIGTERM: SIGKILL to the tree" in server.log_path.read_text()
 
 
 def test_a_taken_port_is_one_line_before_anything_starts(tmp_path):
@@ -145,9 +147,9 @@ def test_a_port_taken_after_the_check_is_named_from_the_servers_log(tmp_path):
         taken.listen()
         with pytest.raises(ServerError) as error:
             wait_ready(server, READY_S)
-    assert first_line(error) == (f"stand-in server at {spec.url} exited with code 1 during startup: port {spec.port} "
-                                 f"on 127.0.0.1 is taken (its log says 'address already in use'); set "
-                                 f"rollout.server.port to a free port; its log: {spec.log_path}")
+    assert first_line(error) == (f"stand-in server at {spec.url} exited with code 1 during startup: its log says "
+                                 f"'address already in use', a port it needs is taken (port {spec.port} on "
+                                 f"127.0.0.1? set rollout.server.port to a free port); its log: {spec.log_path}")
 
 
 def test_a_server_not_ready_in_time_is_one_line_naming_the_seconds(tmp_path):
@@ -160,18 +162,45 @@ def test_a_server_not_ready_in_time_is_one_line_naming_the_seconds(tmp_path):
     assert server.process.poll() is None  # a timeout says so; stopping is the caller's choice
 
 
-def test_check_reports_a_killed_server_and_its_leftovers_are_stopped(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=lambda signum: signum.name)
+def test_check_reports_a_killed_server_and_its_leftovers_are_stopped(tmp_path, signum):
     spec = standin(tmp_path, "--grandchild")
     server = start(spec)
     wait_ready(server, READY_S)
     guard_pid, server_pid, grandchild = tree(server, tmp_path)
-    os.kill(server_pid, signal.SIGKILL)  # the OOM killer, say
-    assert server.process.wait(timeout=GONE_S) == -signal.SIGKILL  # the guard ends as its server did
+    os.kill(server_pid, signum)  # the OOM killer, say
+    assert server.process.wait(timeout=GONE_S) == -signum  # the guard ends as its server did
     with pytest.raises(ServerError) as error:
         check(server)
-    assert first_line(error) == f"stand-in server at {spec.url} was killed by SIGKILL; its log: {spec.log_path}"
-    assert f"the server (pid {server_pid}) was killed by SIGKILL; stopping what it left" in str(error.value)
+    assert first_line(error) == f"stand-in server at {spec.url} was killed by {signum.name}; its log: {spec.log_path}"
+    assert f"the server (pid {server_pid}) was killed by {signum.name}; stopping what it left" in str(error.value)
     assert still_running([grandchild], 0) == []
+
+
+def test_a_leftover_of_a_dead_server_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    server = start(standin(tmp_path, "--grandchild", "--ignore-term", grace_s=1.0))
+    wait_ready(server, READY_S)
+    guard_pid, server_pid, grandchild = tree(server, tmp_path)
+    os.kill(server_pid, signal.SIGKILL)
+    # the guard, a subreaper, has the orphaned grandchild as its child: it waits for it, then kills the group
+    assert server.process.wait(timeout=GONE_S) == -signal.SIGKILL
+    assert still_running([grandchild], 0) == []
+    assert "still running 1 s after SIGTERM: SIGKILL to the tree" in server.log_path.read_text()
+
+
+def test_a_killed_guard_takes_its_server_along_and_stop_ends_the_rest(tmp_path):
+    server = start(standin(tmp_path, "--grandchild"))
+    wait_ready(server, READY_S)
+    guard_pid, server_pid, grandchild = tree(server, tmp_path)
+    os.kill(guard_pid, signal.SIGKILL)  # the guard itself killed (the OOM killer)
+    assert still_running([server_pid]) == []  # the server's own parent-death signal
+    assert running(grandchild)  # orphaned, still in the group
+    with pytest.raises(ServerError, match=r"^stand-in server at \S+ was killed by SIGKILL; its log: "):
+        check(server)
+    began = time.monotonic()
+    stop(server)  # SIGTERM to the group, from here
+    assert [pid for pid in (server_pid, grandchild) if running(pid)] == []
+    assert time.monotonic() - began < 5.0  # not the SIGKILL after the grace and the slack (1 + 5 s)
 
 
 def test_check_reports_a_server_that_stops_answering_within_its_timeout(tmp_path):
@@ -205,7 +234,8 @@ def test_a_given_server_is_checked_and_never_stopped(tmp_path):
         process.wait()
     with pytest.raises(ServerError) as error:
         check(server)
-    assert str(error.value) == f"remote server at http://127.0.0.1:{port} is not healthy (GET /health: Connection refused)"
+    assert str(error.value) == (f"remote server at http://127.0.0.1:{port} is not healthy (GET /health: Connection "
+                                f"refused)")
 
 
 def test_a_given_url_must_be_http():
@@ -243,14 +273,16 @@ def run_trainer(tmp_path: Path, then: str, *server_flags: str) -> tuple[subproce
 
 
 def kill_group(pids: list[int]) -> None:
-    """After a failed test: what is left of a stand-in trainer's server tree (the guard's group)."""
-    try:
-        os.killpg(pids[0], signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """After a failed test: what is left of a stand-in trainer's server tree (the guard's group, the grandchild)."""
+    for group in {pids[0], os.getpgid(pids[2]) if running(pids[2]) else pids[0]}:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
-@pytest.mark.parametrize("server_flags", [(), ("--ignore-term",)], ids=["exits-on-sigterm", "ignores-sigterm"])
+@pytest.mark.parametrize("server_flags", [(), ("--ignore-term",), ("--ignore-term", "--grandchild-group")],
+                         ids=["exits-on-sigterm", "ignores-sigterm", "grandchild-in-a-group-of-its-own"])
 def test_the_whole_tree_dies_with_a_sigkilled_trainer(tmp_path, server_flags):
     trainer, pids = run_trainer(tmp_path, "sleep", *server_flags)
     try:

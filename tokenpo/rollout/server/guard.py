@@ -7,10 +7,11 @@ may die by SIGKILL, which runs no handler. So the guard, not the trainer, does t
 SIGTERM when the trainer dies (PR_SET_PDEATHSIG; SIGTERM, unlike SIGKILL, can be caught), and on it sends SIGTERM to
 its process group, waits up to GRACE_S seconds and then sends SIGKILL. The trainer starts the guard as the leader of
 a new session and process group (`tokenpo.rollout.server.process.start`), which COMMAND and everything it starts
-inherit: one group holds the tree, and the trainer can signal it as a whole too. The guard is also a child
-subreaper (PR_SET_CHILD_SUBREAPER): a process the server leaves behind (its engine core, when the server itself
-dies) becomes the guard's child, so the guard sees it, waits for it and reaps it. COMMAND gets a SIGTERM of its
-own when the guard dies (the OOM killer), the same way.
+inherit: one group holds the tree, and the trainer can signal it as a whole too (a descendant that starts a group
+of its own gets the guard's signals one by one). The guard is also a child subreaper (PR_SET_CHILD_SUBREAPER): a
+process the server leaves behind (its engine core, when the server itself dies) becomes the guard's child, so the
+guard sees it, waits for it and reaps it. COMMAND gets a SIGTERM of its own when the guard dies (the OOM killer),
+the same way.
 
 When COMMAND exits by itself, the guard stops what it left and exits as COMMAND did (its code, or killed by the same
 signal), so the trainer sees the server's end in the guard's. The guard writes what it does to its stderr, the
@@ -27,6 +28,7 @@ import resource
 import signal
 import sys
 import time
+import traceback
 
 # prctl options from <linux/prctl.h> (PR_SET_PDEATHSIG as in tokenpo.lifeline): the signal this process gets when
 # its parent dies; orphaned descendants are re-parented to this process instead of to init
@@ -49,7 +51,10 @@ def prctl(option: int, value: int) -> None:
 
 
 def say(text: str) -> None:
-    print(f"tokenpo guard (pid {os.getpid()}): {text}", file=sys.stderr, flush=True)
+    try:
+        print(f"tokenpo guard (pid {os.getpid()}): {text}", file=sys.stderr, flush=True)
+    except OSError:  # a full disk must not stop the guard
+        pass
 
 
 def main(argv: list[str]) -> int:
@@ -71,7 +76,7 @@ def main(argv: list[str]) -> int:
         say(f"got {signal.Signals(requested[0]).name} (the trainer stopped the server or died): stopping its tree")
         stop_group(grace_s)
         return 0
-    say(f"the server (pid {server}) {ended(status)}; stopping what it left")
+    say(f"the server (pid {server}) {describe(os.waitstatus_to_exitcode(status))}; stopping what it left")
     stop_group(grace_s)
     return exit_like(status)
 
@@ -104,16 +109,48 @@ def wait_for(server: int, requested: list[int]) -> int | None:
 
 
 def stop_group(grace_s: float) -> None:
-    """SIGTERM to the guard's process group, up to `grace_s` seconds for its children to exit, then SIGKILL to the
-    group, the guard included (nothing is left to wait for)."""
+    """SIGTERM to the guard's tree, up to `grace_s` seconds for its children to exit, then SIGKILL to the tree, the
+    guard included (nothing is left to wait for)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group's SIGTERM is for the others
-    os.killpg(0, signal.SIGTERM)
+    signal_tree(signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while has_children():
         if time.monotonic() >= deadline:
-            say(f"still running {grace_s:g} s after SIGTERM: SIGKILL to the process group")
-            os.killpg(0, signal.SIGKILL)
+            say(f"still running {grace_s:g} s after SIGTERM: SIGKILL to the tree")
+            signal_tree(signal.SIGKILL)
         time.sleep(POLL_S)
+
+
+def signal_tree(signum: int) -> None:
+    """`signum` to the guard's process group (the guard included) and to each descendant that left it (vLLM's
+    data-parallel API servers start groups of their own); once each, as a second SIGTERM may cut a server's own
+    shutdown short."""
+    for pid in left_the_group():
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+    os.killpg(0, signum)
+
+
+def left_the_group() -> list[int]:
+    """The pids of the guard's descendants in another process group than the guard's, from /proc."""
+    children: dict[int, list[int]] = {}
+    groups: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()  # after the name, which may hold anything
+            pid, parent, groups[pid] = int(entry), int(fields[1]), int(fields[2])
+        except (OSError, ValueError, IndexError):  # not a process, or one that just ended
+            continue
+        children.setdefault(parent, []).append(pid)
+    found, unvisited = [], [os.getpid()]
+    while unvisited:
+        for child in children.get(unvisited.pop(), []):
+            found.append(child)
+            unvisited.append(child)
+    return [pid for pid in found if groups[pid] != os.getpgrp()]
 
 
 def has_children() -> bool:
@@ -127,9 +164,14 @@ def has_children() -> bool:
             return True
 
 
-def ended(status: int) -> str:
-    code = os.waitstatus_to_exitcode(status)
-    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+def describe(code: int) -> str:
+    """How a process with exit code `code` (negative: killed by that signal, as subprocess reports it) ended."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:  # a real-time signal
+        return f"was killed by signal {-code}"
 
 
 def exit_like(status: int) -> int:
@@ -146,4 +188,10 @@ def exit_like(status: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Exception:
+        say(traceback.format_exc())
+        if os.getpgrp() == os.getpid():  # a guard that fails takes its group with it: no server is left unguarded
+            os.killpg(0, signal.SIGKILL)
+        raise

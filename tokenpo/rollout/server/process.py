@@ -75,6 +75,10 @@ class ServerSpec:
     env: dict[str, str] = field(default_factory=dict)
     grace_s: float = 10.0
 
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ValueError(f"{self.name}: the server's command is empty")
+
     @property
     def url(self) -> str:
         host = EVERY_ADDRESS.get(self.host, self.host)
@@ -166,8 +170,6 @@ def wait_ready(server: Server, timeout_s: float) -> None:
 def check(server: Server, timeout_s: float = 5.0) -> None:
     """The liveness check between steps: raises a ServerError when the server was stopped, its process exited or
     GET /health does not answer 200 within `timeout_s` seconds."""
-    if server.stopped:
-        raise ServerError(f"{server.name} at {server.url} was stopped")
     raise_if_exited(server, "")
     problem = health_problem(server.url, timeout_s)
     if problem is not None:
@@ -197,15 +199,17 @@ def no_answer(reason: object, timeout_s: float) -> str:
 
 
 def raise_if_exited(server: Server, when: str) -> None:
-    """Raises the ServerError of a started server whose process (its guard, which exits as the server did)
-    ended; says when its log says the port was taken."""
+    """Raises the ServerError of a started server that was stopped or whose process (its guard, which exits as the
+    server did) ended; says when its log says the port was taken."""
+    if server.stopped:
+        raise ServerError(f"{server.name} at {server.url} was stopped")
     if server.process is None or (code := server.process.poll()) is None:
         return
-    ended = (f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}") + when
+    ended = guard.describe(code) + when
     spec = server.spec
     if spec is not None and ADDRESS_IN_USE in log_end(spec.log_path).lower():
-        ended += (f": port {spec.port} on {spec.host} is taken (its log says {ADDRESS_IN_USE!r}); set "
-                  f"{PORT_SETTING} to a free port")
+        ended += (f": its log says {ADDRESS_IN_USE!r}, a port it needs is taken (port {spec.port} on {spec.host}? "
+                  f"set {PORT_SETTING} to a free port)")
     raise failure(server, ended)
 
 
@@ -237,13 +241,13 @@ def stop(*servers: Server) -> None:
         server.stopped = True
         if server.process.poll() is None:
             server.process.send_signal(signal.SIGTERM)  # the guard stops its group
-        else:
+        elif server.process.returncode < 0:
             signal_group(server.process.pid, signal.SIGTERM)  # what a killed guard left
     deadline = time.monotonic() + max((server.spec.grace_s for server in running), default=0.0) + GUARD_SLACK_S
     for server in running:
-        if not group_ends(server.process, deadline):
+        if not tree_ends(server.process, deadline):
             signal_group(server.process.pid, signal.SIGKILL)
-            group_ends(server.process, time.monotonic() + KILL_WAIT_S)
+            tree_ends(server.process, time.monotonic() + KILL_WAIT_S)
 
 
 def signal_group(group: int, signum: int) -> None:
@@ -253,13 +257,21 @@ def signal_group(group: int, signum: int) -> None:
         pass
 
 
-def group_ends(process: subprocess.Popen[bytes], deadline: float) -> bool:
-    """Whether the guard `process` and its process group (its pid) are gone by `deadline` (time.monotonic)."""
-    while process.poll() is None or group_exists(process.pid):
+def tree_ends(process: subprocess.Popen[bytes], deadline: float) -> bool:
+    """Whether the guard `process` and its tree are gone by `deadline` (time.monotonic)."""
+    while not tree_gone(process):
         if time.monotonic() >= deadline:
             return False
         time.sleep(STOP_POLL_S)
     return True
+
+
+def tree_gone(process: subprocess.Popen[bytes]) -> bool:
+    """A guard that exits by itself does so once its children are gone; one that was killed may leave its process
+    group (its pid) behind. The group is looked at only then: once empty, its number is free for another process
+    (pid_max may be as low as 32768), which must never be signalled."""
+    code = process.poll()
+    return code is not None and (code >= 0 or not group_exists(process.pid))
 
 
 def group_exists(group: int) -> bool:
