@@ -129,8 +129,9 @@ def server_lines(plan: MemoryPlan) -> list[str]:
     servers = plan.servers
     if servers is None:
         return []
-    load = (f"the step's {servers.sequences:,} sequences at once ({servers.sequences_per_replica:,} per replica) of "
-            f"{servers.prompt_tokens} + {servers.new_tokens} tokens, {servers.dtype}")
+    capped = "" if servers.max_num_seqs is None else ", vLLM's --max-num-seqs"
+    load = (f"the step's {servers.sequences:,} sequences at once ({servers.sequences_per_replica:,} per replica"
+            f"{capped}) of {servers.prompt_tokens} + {servers.new_tokens} tokens, {servers.dtype}")
     if servers.placement != ON_GPUS:
         where = ("a CPU server tokenpo starts (its KV cache: rollout.vllm.kv_cache_gib)" if servers.placement == ON_CPU
                  else f"{servers.replicas} server(s) at rollout.server.urls (a replica here: one server)")

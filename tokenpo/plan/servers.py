@@ -18,6 +18,7 @@ from typing import NamedTuple
 from tokenpo.plan.architecture import Architecture
 from tokenpo.plan.parts import kv_cache_bytes
 from tokenpo.rollout.config import RolloutConfig
+from tokenpo.schema import require
 
 # where the servers run: GPUs of this node tokenpo starts them on, a CPU server tokenpo starts, or servers elsewhere
 ON_GPUS, ON_CPU, ELSEWHERE = "gpus", "cpu", "urls"
@@ -42,6 +43,7 @@ class ServerPlan:
     tensor_parallel: int  # GPUs one replica spans
     kv_heads: int  # the model's: tensor parallel splits them, and below one per GPU vLLM replicates them
     sequences: int  # sequences the trainer's processes send the servers at once: one step's generate calls
+    max_num_seqs: int | None  # vLLM's --max-num-seqs of rollout.server.extra_args: a replica runs at most as many
     prompt_tokens: int  # the longest prompt
     new_tokens: int  # rollout.max_new_tokens
     weights: int  # one replica's weights, in rollout.vllm.dtype
@@ -53,7 +55,9 @@ class ServerPlan:
 
     @property
     def sequences_per_replica(self) -> int:
-        return math.ceil(self.sequences / self.replicas)
+        """The replica's share of the step's sequences that it runs at once (vLLM queues those over --max-num-seqs)."""
+        share = math.ceil(self.sequences / self.replicas)
+        return share if self.max_num_seqs is None else min(share, self.max_num_seqs)
 
     @property
     def sequence_tokens(self) -> int:
@@ -116,28 +120,62 @@ class ServerPlan:
         }
 
 
-def server_placement(rollout: RolloutConfig) -> tuple[str, tuple[int, ...], int, int]:
-    """(placement, GPUs, replicas, tensor parallel) as tokenpo.rollout.server.launch starts the servers."""
+class ServeArgs(NamedTuple):
+    """rollout.server.extra_args read for the plan."""
+
+    others: list[str]  # every argument but a --max-num-seqs and its value
+    max_num_seqs: int | None
+
+
+def split_max_num_seqs(extra_args: tuple) -> ServeArgs:
+    """`vllm serve`'s extra arguments and the value of a --max-num-seqs among them (`--max-num-seqs N` or
+    `--max-num-seqs=N`)."""
+    args, rest, value = [str(arg) for arg in extra_args], [], None
+    at = 0
+    while at < len(args):
+        if args[at] == "--max-num-seqs" and at + 1 < len(args):
+            value, at = args[at + 1], at + 2
+            continue
+        if args[at].startswith("--max-num-seqs="):
+            value = args[at].split("=", 1)[1]
+        else:
+            rest.append(args[at])
+        at += 1
+    require(value is None or value.isdigit(),
+            f"rollout.server.extra_args: --max-num-seqs takes a count of sequences, got {value!r}")
+    return ServeArgs(rest, None if value is None else int(value))
+
+
+class Placement(NamedTuple):
+    """Where the servers run, as tokenpo.rollout.server.launch starts them."""
+
+    where: str  # ON_GPUS | ON_CPU | ELSEWHERE
+    gpus: tuple[int, ...]
+    replicas: int
+    tensor_parallel: int
+
+
+def server_placement(rollout: RolloutConfig) -> Placement:
     server = rollout.server
     if server.urls:
-        return ELSEWHERE, (), len(server.urls), server.tensor_parallel_size
+        return Placement(ELSEWHERE, (), len(server.urls), server.tensor_parallel_size)
     if server.devices == ("cpu",):
-        return ON_CPU, (), 1, 1
+        return Placement(ON_CPU, (), 1, 1)
     gpus = tuple(int(device) for device in server.devices)
-    return ON_GPUS, gpus, len(gpus) // server.tensor_parallel_size, server.tensor_parallel_size
+    return Placement(ON_GPUS, gpus, len(gpus) // server.tensor_parallel_size, server.tensor_parallel_size)
 
 
 def server_plan(rollout: RolloutConfig, arch: Architecture, params: int, elem: int, dtype: str, sequences: int,
                 prompt_tokens: int, gpu_memory: int | None) -> ServerPlan:
     """The servers' plan for `sequences` at once of `prompt_tokens` + rollout.max_new_tokens, in `elem`-byte weights
     and KV cache (rollout.vllm.dtype, `dtype` its name), with the changes that fit where each GPU does not."""
-    placement, gpus, replicas, tensor_parallel = server_placement(rollout)
-    plan = ServerPlan(placement, gpus, replicas, tensor_parallel, arch.num_kv_heads, sequences, prompt_tokens,
-                      rollout.max_new_tokens, params * elem, dtype, kv_cache_bytes(arch, 1, 1, elem), gpu_memory,
-                      rollout.server.gpu_memory_utilization)
+    extra_args = rollout.server.extra_args
+    plan = ServerPlan(*server_placement(rollout), arch.num_kv_heads, sequences,
+                      split_max_num_seqs(extra_args).max_num_seqs, prompt_tokens, rollout.max_new_tokens, params * elem, dtype,
+                      kv_cache_bytes(arch, 1, 1, elem), gpu_memory, rollout.server.gpu_memory_utilization)
     if plan.fits is not False:
         return plan
-    return dataclasses.replace(plan, changes=tuple(server_changes(plan, rollout.server.extra_args)))
+    return dataclasses.replace(plan, changes=tuple(server_changes(plan, extra_args)))
 
 
 def server_changes(plan: ServerPlan, extra_args: tuple) -> list[ServerChange]:
@@ -156,11 +194,12 @@ def server_changes(plan: ServerPlan, extra_args: tuple) -> list[ServerChange]:
               for option in wider if option.fits][:1]
     at_once = plan.sequences_at_once
     if at_once:
-        fewer = dataclasses.replace(plan, sequences=at_once * plan.replicas)
-        args = ",".join([*map(str, extra_args), "--max-num-seqs", str(at_once)])
+        fewer = dataclasses.replace(plan, max_num_seqs=at_once)
+        args = ",".join([*split_max_num_seqs(extra_args).others, "--max-num-seqs", str(at_once)])
         found.append(ServerChange(f"rollout.server.extra_args=[{args}]", fewer.gpu_bytes))
     shorter = [dataclasses.replace(plan, new_tokens=plan.new_tokens // 2**k)
                for k in range(1, plan.new_tokens.bit_length())]
     found += [ServerChange(f"rollout.max_new_tokens={option.new_tokens}", option.gpu_bytes)
               for option in shorter if option.fits][:1]
     return found
+
