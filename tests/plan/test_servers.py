@@ -141,6 +141,11 @@ def test_max_num_seqs_in_the_extra_arguments_caps_a_replicas_sequences():
 def test_servers_on_the_cpu_or_elsewhere_get_figures_and_no_verdict(capsys):
     cpu = plan_of(["model=qwen2_5_7b", "rollout=vllm_server"]).servers
     assert cpu.placement == ON_CPU and cpu.fits is None and cpu.changes == ()
+    main(["model=qwen2_5_7b", "rollout=vllm_server", "--device", "cuda", "--device-memory", "80GiB",
+          "--prompt-tokens", "512"])
+    assert ("servers (rollout=vllm_server): a CPU server tokenpo starts, its KV cache rollout.vllm.kv_cache_gib in "
+            "the host's RAM; per replica, as a guide, for the step's 32 sequences at once (32 per replica)"
+            in capsys.readouterr().out)
     urls = ["model=qwen2_5_7b", "rollout=vllm_server", "rollout.server.urls=[http://a:8000,http://b:8000]",
             "data.prompts_per_step=64", "rollout.group_size=8", "rollout.max_new_tokens=1024"]
     elsewhere = plan_of(urls).servers

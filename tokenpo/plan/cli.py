@@ -133,9 +133,11 @@ def server_lines(plan: MemoryPlan) -> list[str]:
     load = (f"the step's {servers.sequences:,} sequences at once ({servers.sequences_per_replica:,} per replica"
             f"{capped}) of {servers.prompt_tokens} + {servers.new_tokens} tokens, {servers.dtype}")
     if servers.placement != ON_GPUS:
-        where = ("a CPU server tokenpo starts (its KV cache: rollout.vllm.kv_cache_gib)" if servers.placement == ON_CPU
-                 else f"{servers.replicas} server(s) at rollout.server.urls (a replica here: one server)")
-        return [f"servers (rollout=vllm_server): {where}, sized by whoever runs them; per replica, as a guide, for "
+        where = ("a CPU server tokenpo starts, its KV cache rollout.vllm.kv_cache_gib in the host's RAM"
+                 if servers.placement == ON_CPU else
+                 f"{servers.replicas} server(s) at rollout.server.urls (a replica here: one server), sized by whoever "
+                 "runs them")
+        return [f"servers (rollout=vllm_server): {where}; per replica, as a guide, for "
                 f"{load}: {format_bytes(servers.weights)} weights + {format_bytes(servers.replica_kv_cache)} KV cache "
                 f"= {format_bytes(servers.weights + servers.replica_kv_cache)}"]
     gpus = ", ".join(map(str, servers.gpus))
