@@ -28,6 +28,7 @@ from tokenpo.errors import ConfigError
 from tokenpo.plan.context import run_prompt_lengths
 from tokenpo.plan.memory import DEFAULT_PROMPT_TOKENS, MemoryPlan, build_plan, cuda_memory, device_type, host_memory
 from tokenpo.plan import parts as P
+from tokenpo.plan.servers import ON_CPU, ON_GPUS
 from tokenpo.plan.units import format_bytes, parse_bytes
 from tokenpo.progress import quiet_library_bars
 
@@ -122,6 +123,52 @@ def vllm_lines(plan: MemoryPlan) -> list[str]:
     return lines
 
 
+def server_lines(plan: MemoryPlan) -> list[str]:
+    """The servers' part (rollout=vllm_server): per GPU against its share, with the changes that fit; servers on
+    the CPU or elsewhere as a guide."""
+    servers = plan.servers
+    if servers is None:
+        return []
+    capped = "" if servers.max_num_seqs is None else ", vLLM's --max-num-seqs"
+    load = (f"the step's {servers.sequences:,} sequences at once ({servers.sequences_per_replica:,} per replica"
+            f"{capped}) of {servers.prompt_tokens} + {servers.new_tokens} tokens, {servers.dtype}")
+    if servers.placement != ON_GPUS:
+        where = ("a CPU server tokenpo starts, its KV cache rollout.vllm.kv_cache_gib in the host's RAM"
+                 if servers.placement == ON_CPU else
+                 f"{servers.replicas} server(s) at rollout.server.urls (a replica here: one server), sized by whoever "
+                 "runs them")
+        return [f"servers (rollout=vllm_server): {where}; per replica, as a guide, for "
+                f"{load}: {format_bytes(servers.weights)} weights + {format_bytes(servers.replica_kv_cache)} KV cache "
+                f"= {format_bytes(servers.weights + servers.replica_kv_cache)}"]
+    gpus = ", ".join(map(str, servers.gpus))
+    per_gpu = (f"per GPU: {format_bytes(servers.gpu_weights)} weights + {format_bytes(servers.gpu_kv_cache)} KV cache "
+               f"= {format_bytes(servers.gpu_bytes)}")
+    lines = [f"servers (rollout=vllm_server): {servers.replicas} replica(s) on GPUs {gpus} of this node, tensor "
+             f"parallel {servers.tensor_parallel}, apart from the trainer's parts; {load}"]
+    if servers.gpu_budget is None:
+        return lines + [f"  {per_gpu}; the GPUs' memory is not known here (--device cuda --device-memory N checks it)"]
+    share = (f"rollout.server.gpu_memory_utilization={servers.gpu_memory_utilization} x "
+             f"{format_bytes(servers.gpu_memory)} (the plan's device memory: GPUs of the trainer's kind) = "
+             f"{format_bytes(servers.gpu_budget)}")
+    at_once = servers.sequences_at_once
+    if servers.fits:
+        verdict = f"fits (room for ~{at_once:,} sequences at once per replica; vLLM's working memory takes the rest)"
+    elif at_once:
+        verdict = (f"DOES NOT FIT the step's sequences: room for ~{at_once:,} of the replica's "
+                   f"{servers.sequences_per_replica:,} at once (vLLM runs the rest in turns)")
+    else:
+        verdict = "DOES NOT FIT: not even the weights and one sequence's KV cache (vLLM will not start)"
+    lines.append(f"  {per_gpu} of {share}: {verdict}")
+    if servers.changes:
+        first, *others = servers.changes
+        lines.append(f"  suggested server change: {first.change} ({format_bytes(first.gpu_bytes)} per GPU)")
+        lines += [f"    or {other.change} ({format_bytes(other.gpu_bytes)} per GPU)" for other in others]
+    elif servers.fits is False:
+        lines.append("  no listed change fits: more server GPUs (rollout.server.devices), shorter sequences or a "
+                     "smaller model")
+    return lines
+
+
 def describe(plan: MemoryPlan, cfg: TrainConfig, target: Target | None = None) -> str:
     shapes, deepspeed = plan.shapes, cfg.deepspeed
     lines = [*([target.line()] if target else []),
@@ -150,7 +197,7 @@ def describe(plan: MemoryPlan, cfg: TrainConfig, target: Target | None = None) -
         else:
             lines.append("no single listed change fits: more processes (ZeRO-3 shards by the process count), "
                          "shorter sequences or a smaller model")
-    return "\n".join(lines)
+    return "\n".join(lines + server_lines(plan))
 
 
 def prompt_tokens_arg(value: str) -> int | str:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from tokenpo.data import Example, load_splits
 from tokenpo.data.prompts import capped_prompt_ids
 from tokenpo.errors import ConfigError
+from tokenpo.rollout.engine import ENGINES
 
 if TYPE_CHECKING:
     from tokenpo.config import TrainConfig
@@ -116,7 +117,7 @@ def check_run_context(cfg: TrainConfig, prompts: PromptLengths) -> int | None:
     except ConfigError as err:
         log.warning("context: not checked (%s)", err)
         return None
-    max_model_len = cfg.rollout.vllm.max_model_len if cfg.rollout.engine == "vllm" else None
+    max_model_len = cfg.rollout.vllm.max_model_len if ENGINES.trait(cfg.rollout.engine, "vllm_model") else None
     return check_context(generation_budgets(cfg, prompts), arch.context_length, where, max_model_len)
 
 
@@ -134,6 +135,6 @@ def resolved_max_model_len(rollout, longest: int | None) -> int | None:
     """rollout.vllm.max_model_len to run with: as set; null (vLLM) becomes the run's longest sequence, as verl sets
     max_model_len from its prompt and response lengths, so vLLM never stops a response where the model's whole
     context (its default) would leave less room than the check allowed for."""
-    if rollout.engine != "vllm" or rollout.vllm.max_model_len is not None or longest is None:
+    if not ENGINES.trait(rollout.engine, "vllm_model") or rollout.vllm.max_model_len is not None or longest is None:
         return rollout.vllm.max_model_len
     return longest

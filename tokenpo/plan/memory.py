@@ -16,8 +16,10 @@ from tokenpo.errors import ConfigError
 from tokenpo.models.config import is_flash_attention
 from tokenpo.plan import parts as P
 from tokenpo.plan.architecture import Architecture, model_architecture, num_parameters
+from tokenpo.plan.servers import ServerPlan, server_plan
 from tokenpo.plan.units import format_bytes, parse_bytes
 from tokenpo.rollout.config import DEFAULT_MEMORY_SHARE, RolloutConfig, VLLMConfig, vllm_sizing
+from tokenpo.rollout.engine import ENGINES
 from tokenpo.schema import require
 
 if TYPE_CHECKING:
@@ -89,7 +91,8 @@ class MemoryPlan:
     architecture_source: str
     device_memory: int | None
     suggestions: list[Suggestion] = field(default_factory=list)
-    vllm: VllmShare | None = None  # the rollout=vllm engine's share
+    vllm: VllmShare | None = None  # a colocated engine's share (rollout=vllm)
+    servers: ServerPlan | None = None  # an engine's servers of its own (rollout=vllm_server), apart from the parts
 
     def phase_bytes(self, phase: str) -> int:
         return sum(part.bytes for part in self.parts if part.phase == phase)
@@ -127,6 +130,7 @@ class MemoryPlan:
             "vllm": None if self.vllm is None else {"bytes": self.vllm.total, "weights": self.vllm.weights,
                                                     "kv_cache": self.vllm.kv_cache, "sequences": self.vllm.sequences,
                                                     "rows_at_once": self.vllm.rows},
+            "servers": None if self.servers is None else self.servers.as_json(),
         }
 
 
@@ -209,9 +213,10 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
     ]
     rollout = cfg.rollout
     rollout_at = len(parts)  # where the rollout part is listed
-    if rollout.engine == "hf":
+    policy_module = bool(ENGINES.trait(rollout.engine, "policy_module"))
+    if policy_module:
         parts.append(P.hf_rollout(arch, shapes.rollout_rows, shapes.prompt_tokens, shapes.new_tokens, elem))
-    if rollout.async_.max_staleness:
+    if rollout.async_.max_staleness and ENGINES.trait(rollout.engine, "ahead") == "process":
         parts.append(P.ahead_generator(arch, params, shapes.rollout_rows, shapes.prompt_tokens, shapes.new_tokens,
                                        model_elem, rollout.async_.generator_device != "cpu"))
     activations = P.activations(arch, shapes.micro_rows, shapes.micro_groups, shapes.prompt_tokens,
@@ -225,16 +230,20 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
         output_layer = 0 if lora else arch.vocab_size * arch.hidden_size * elem
         parts[at] = P.gradients_in_backward(trainable, elem, output_layer, activations.bytes + head.bytes)
     parts += P.zero3_gather(params, elem, deepspeed.stage, world, deepspeed.stage3_prefetch_bucket_size,
-                            deepspeed.stage3_max_live_parameters, rollout.engine == "hf")
+                            deepspeed.stage3_max_live_parameters, policy_module)
     share = None
-    if rollout.engine == "vllm":
+    if ENGINES.trait(rollout.engine, "colocated"):
         # after the other parts: unsized, vLLM gets what they leave
         part = vllm_part(rollout.vllm, arch, shapes, params, model_elem, parts, device_memory, device)
         parts.insert(rollout_at, part)
-        elem = vllm_elem(rollout.vllm, model_elem)
-        share = VllmShare(part.bytes, params * elem, P.kv_cache_bytes(arch, 1, shapes.prompt_tokens + shapes.new_tokens,
-                                                                       elem), shapes.rollout_rows)
-    return MemoryPlan(parts, shapes, params, trainable, source, device_memory, vllm=share)
+        share = vllm_share(part, rollout.vllm, arch, shapes, params, model_elem)
+    servers = None
+    if ENGINES.trait(rollout.engine, "servers"):
+        # the servers' GPUs, taken as the trainer's kind: the plan's device memory when the trainer is on CUDA
+        servers = server_plan(rollout, arch, params, vllm_elem(rollout.vllm, model_elem),
+                              vllm_dtype(rollout.vllm, cfg.model.dtype), shapes.rollout_rows * shapes.world,
+                              shapes.prompt_tokens, device_memory if device == "cuda" else None)
+    return MemoryPlan(parts, shapes, params, trainable, source, device_memory, vllm=share, servers=servers)
 
 
 def packing(cfg: TrainConfig) -> str | None:
@@ -251,6 +260,19 @@ def packing(cfg: TrainConfig) -> str | None:
 def vllm_elem(v: VLLMConfig, model_elem: int) -> int:
     """Bytes per element of vLLM's weights and KV cache: rollout.vllm.dtype, auto the policy's."""
     return model_elem if v.dtype == "auto" else P.DTYPE_BYTES[v.dtype]
+
+
+def vllm_dtype(v: VLLMConfig, model_dtype: str) -> str:
+    """rollout.vllm.dtype's name, auto the policy's (model.dtype)."""
+    return model_dtype if v.dtype == "auto" else v.dtype
+
+
+def vllm_share(part: P.Part, v: VLLMConfig, arch: Architecture, shapes: Shapes, params: int,
+               model_elem: int) -> VllmShare:
+    """The colocated vLLM's `part` read as its weights and the KV cache the rest holds."""
+    elem = vllm_elem(v, model_elem)
+    one_sequence = P.kv_cache_bytes(arch, 1, shapes.prompt_tokens + shapes.new_tokens, elem)
+    return VllmShare(part.bytes, params * elem, one_sequence, shapes.rollout_rows)
 
 
 def vllm_part(v: VLLMConfig, arch: Architecture, shapes: Shapes, params: int, model_elem: int, others: list[P.Part],
@@ -278,9 +300,10 @@ def with_vllm_share(cfg: TrainConfig, world: int) -> RolloutConfig:
     A share that is set must fit in what is free: else one line names the free memory, the share asked and the key.
     A null share is the plan's (the bytes of its vLLM part, what the other parts leave, as a fraction of the device,
     vLLM's unit, rounded down), lowered to what is free, and refused in one line when that cannot hold vLLM's weights
-    and one sequence's KV cache. Unchanged for another engine or without a CUDA device."""
+    and one sequence's KV cache. Unchanged for an engine not colocated (servers of its own: rollout.server's share)
+    or without a CUDA device."""
     rollout = cfg.rollout
-    if rollout.engine != "vllm":
+    if not ENGINES.trait(rollout.engine, "colocated"):
         return rollout
     memory = cuda_free_memory()
     if memory is None:
@@ -370,13 +393,15 @@ def offload(cfg: TrainConfig) -> list[ChangeOption]:
 
 
 def rollout_memory(cfg: TrainConfig) -> list[ChangeOption]:
-    """hf: vLLM instead, whose paged KV cache holds what fits in its share and schedules the rest; vLLM sized by
-    its share of the device: a smaller share."""
+    """Generating with the policy module (hf): vLLM instead, whose paged KV cache holds what fits in its share and
+    schedules the rest; a colocated vLLM sized by its share of the device: a smaller share. Servers of its own take
+    nothing of the trainer's device."""
     r = cfg.rollout
-    if r.engine == "hf":
+    if ENGINES.trait(r.engine, "policy_module"):
         vllm = dataclasses.replace(r, engine="vllm", vllm=dataclasses.replace(r.vllm, kv_cache_gib=None))
         return [ChangeOption("rollout=vllm rollout.vllm.kv_cache_gib=null", dataclasses.replace(cfg, rollout=vllm))]
-    if r.vllm.kv_cache_gib is not None or r.vllm.gpu_memory_utilization is None:
+    if not ENGINES.trait(r.engine, "colocated") or r.vllm.kv_cache_gib is not None \
+            or r.vllm.gpu_memory_utilization is None:
         return []  # a KV cache of set size, or vLLM taking only what the other parts leave
     shares = [round(r.vllm.gpu_memory_utilization - 0.05 * k, 2) for k in range(1, 20)]
     return [ChangeOption(f"rollout.vllm.gpu_memory_utilization={u}", dataclasses.replace(

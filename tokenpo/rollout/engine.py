@@ -61,10 +61,16 @@ def seeded_generator(seed: int, device: torch.device | str) -> torch.Generator:
 ENGINES = Registry("rollout.engine")
 # declared here and registered by their modules, which import transformers or vLLM only when an engine is built
 # ahead: how an engine generates ahead of the update (rollout.async.max_staleness >= 1): "process" in a generator
-# process of tokenpo's (tokenpo.rollout.ahead), "itself" on servers of its own; none: it cannot
-ENGINES.declare("hf", "tokenpo.rollout.hf", ahead="process")
-ENGINES.declare("vllm", "tokenpo.rollout.vllm_engine", requires="vllm", logprobs=True)
-ENGINES.declare("vllm_server", "tokenpo.rollout.server.engine", logprobs=True, ahead="itself", servers=True)
+# process of tokenpo's (tokenpo.rollout.ahead), "itself" on servers of its own; none: it cannot.
+# Where it generates, for the memory plan (tokenpo.plan): policy_module, with the trainer's live policy module (its
+# KV cache on the trainer's device, the whole model gathered under ZeRO-3); colocated, in an engine of its own beside
+# the trainer on the trainer's device (its share of the device); servers, on servers of its own (sized apart).
+# vllm_model: vLLM runs it with rollout.vllm's model settings, max_model_len among them
+ENGINES.declare("hf", "tokenpo.rollout.hf", ahead="process", policy_module=True)
+ENGINES.declare("vllm", "tokenpo.rollout.vllm_engine", requires="vllm", logprobs=True, colocated=True,
+                vllm_model=True)
+ENGINES.declare("vllm_server", "tokenpo.rollout.server.engine", logprobs=True, ahead="itself", servers=True,
+                vllm_model=True)
 
 
 def get_engine(name: str) -> type:
