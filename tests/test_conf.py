@@ -109,7 +109,8 @@ def test_a_delta_writes_only_keys_it_changes(group, option, base):
 ENTRY_SCHEMAS = {(EvalConfig, "data"): DataConfig, (EvalConfig, "extra"): EvalConfig}
 # sections whose values a group's default file takes from another file: (that file, the key it sits under there)
 SECTION_FILES = {(ModelConfig, "lora"): ("model/lora/default.yaml", None),
-                 (RolloutConfig, "vllm"): ("rollout/vllm.yaml", "vllm")}
+                 (RolloutConfig, "vllm"): ("rollout/vllm.yaml", "vllm"),
+                 (RolloutConfig, "server"): ("rollout/vllm_server.yaml", "server")}
 
 
 def file_schema(path: Path) -> type | None:
@@ -239,7 +240,8 @@ def schema_of(label: str) -> type:
 
 
 def test_every_group_and_composed_section_has_a_default_file():
-    assert {label for label, _, _ in DEFAULT_FILES} == {*GROUPS, "ModelConfig.lora", "RolloutConfig.vllm"}
+    assert {label for label, _, _ in DEFAULT_FILES} == {*GROUPS, "ModelConfig.lora", "RolloutConfig.vllm",
+                                                          "RolloutConfig.server"}
     assert ("trainer", "trainer/default.yaml", None) in DEFAULT_FILES
 
 

@@ -23,8 +23,8 @@ def train_config(*overrides: str):
         return build_config(compose("train", ["model=tiny", "logger.mode=disabled", *overrides]))
 
 
-def test_the_hf_and_vllm_engines_ship_a_config():
-    assert [path.stem for path in YAMLS] == ["hf", "vllm"]
+def test_the_hf_vllm_and_vllm_server_engines_ship_a_config():
+    assert [path.stem for path in YAMLS] == ["hf", "vllm", "vllm_server"]
 
 
 def test_vllm_yaml_keeps_the_hf_sampling_keys_and_adds_its_own():

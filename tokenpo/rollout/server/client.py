@@ -10,6 +10,10 @@ import urllib.parse
 import urllib.request
 
 
+# requests go straight to the servers: an http_proxy of the environment is for the internet, not for them
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 class ServerCallError(RuntimeError):
     pass
 
@@ -21,7 +25,7 @@ def call(url: str, route: str, body: dict | None = None, *, timeout_s: float, qu
     request = urllib.request.Request(target, data=data, method="GET" if body is None else "POST",
                                      headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with OPENER.open(request, timeout=timeout_s) as response:
             text = response.read()
     except urllib.error.HTTPError as error:
         detail = error.read().decode(errors="replace").strip().splitlines()

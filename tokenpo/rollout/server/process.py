@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenpo.rollout.server import guard
+from tokenpo.rollout.server.client import OPENER
 
 # seconds between GET /health polls while a server starts
 POLL_S = 0.5
@@ -52,8 +53,6 @@ ADDRESS_IN_USE = "address already in use"
 PORT_SETTING = "rollout.server.port"
 # hosts that mean "listen on every address", and the loopback address a client reaches such a server on
 EVERY_ADDRESS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
-# requests go straight to the servers: an http_proxy of the environment is for the internet, not for them
-OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class ServerError(RuntimeError):
