@@ -10,6 +10,9 @@ import pytest
 from tokenpo.compare import main
 from tokenpo.compare.curve_report import fmt_search
 from tokenpo.compare.curves import (
+    fit_gain_curve,
+    sampled_before_update,
+    series_at_sampling,
     CMidRatio,
     CurveParams,
     c_mid_ratio,
@@ -114,11 +117,16 @@ def test_too_few_points_non_rates_and_bounds_are_unfit():
     assert fit_saturating_curve(COMPUTE, np.full(COMPUTE.size, 0.6), 0.2).reason.startswith("B = 0.05 at its bound")
 
 
-def test_a_search_that_never_converges_names_the_bound_it_crawls_along():
+def test_a_search_that_never_converges_names_the_bound_it_crawls_along(monkeypatch):
     # a dip below R0 and then a step (a study run: held-out 0.345 at step 0, then 0.12, 0.585, 0.575, 0.47): every
-    # start drives B to its upper bound and then crawls in C_mid between the two points around the step
+    # start drives B to its upper bound first, and a search cut short there has not converged
     compute = np.array([1954.0, 3948.0, 5874.0, 7959.0])
-    fit = fit_saturating_curve(compute, np.array([0.12, 0.585, 0.575, 0.47]), 0.345)
+    values = np.array([0.12, 0.585, 0.575, 0.47])
+    # given its iterations, the search converges, and the F-test (one residual degree of freedom) calls it flat
+    fit = fit_saturating_curve(compute, values, 0.345)
+    assert fit.params is None and fit.converged_starts > 0 and fit.reason.startswith("flat: gain A − R0 = 0.192")
+    monkeypatch.setattr("tokenpo.compare.curves.MAX_ITERATIONS", 4)
+    fit = fit_saturating_curve(compute, values, 0.345)
     assert fit.params is None and fit.converged_starts == 0 and fit.starts == 20
     assert fit.reason == "optimiser did not converge from any of 20 starts (the best ends with B = 50 at its bound " \
         "[0.05, 50])"
@@ -265,3 +273,28 @@ def test_fit_options_need_fit_curves_and_the_default_output_is_unchanged(multiru
     assert main([str(multirun), "--no-figures", "--out", str(out)]) == 0
     assert sorted(path.name for path in out.iterdir()) == ["summary.csv", "summary.md"]
     assert "Curve fits" not in capsys.readouterr().out
+
+
+def test_a_steps_own_metric_sits_at_the_compute_spent_before_the_policy_that_sampled_it():
+    records = [{"step": 0, "tokens/generated_total": 0.0, "eval/accuracy": 0.3},
+               {"step": 1, "tokens/generated_total": 100.0, "accuracy/drawn": 0.10},
+               {"step": 2, "tokens/generated_total": 250.0, "accuracy/drawn": 0.20},
+               {"step": 3, "tokens/generated_total": 330.0, "accuracy/drawn": 0.40, "async/staleness": 1.0}]
+    compute, values = series_at_sampling(records, "accuracy/drawn", "tokens/generated_total")
+    # step 1 was sampled by the untrained policy (compute 0: its R0), step 2 by the policy after step 1, step 3 one
+    # version stale: by the policy after step 1 too
+    assert compute.tolist() == [0.0, 100.0, 100.0]
+    assert values.tolist() == [0.10, 0.20, 0.40]
+    assert sampled_before_update("accuracy/drawn") and sampled_before_update("reward/mean")
+    assert not sampled_before_update("eval/accuracy")
+
+
+def test_a_rise_between_two_evaluations_converges_at_its_minimum():
+    """Many points and a rise sharper than the evaluations resolve: the error is flat in B past the minimum, and the
+    search stops there (it crawled for 500 iterations at a 1e-12 tolerance, from every start)."""
+    rng = np.random.default_rng(0)
+    compute = np.tile(np.arange(1, 11) * 300.0, 8) + rng.integers(-40, 40, 80)
+    gains = np.where(compute > 600, 0.22, 0.05) + rng.normal(0, 0.08, compute.size)
+    fit = fit_gain_curve(compute, gains, 0.33)
+    assert fit.converged_starts > 0
+    assert 300 < fit.params.c_mid < 900 if fit.params else "on its bound" in fit.reason

@@ -35,8 +35,11 @@ C_MID_BEYOND = 1e3
 START_B = (0.5, 1.0, 2.0, 4.0)
 START_C_MID_POINTS = 5
 MAX_ITERATIONS = 500
-# an accepted step that lowers the squared error by less than this fraction ends the search (converged)
-RELATIVE_TOLERANCE = 1e-12
+# an accepted step that lowers the squared error by less than this fraction ends the search (converged): MINPACK's
+# default ftol (scipy.optimize.leastsq); 1e-12 left a search crawling along a flat valley in B (a rise between two
+# evaluations fixes C_mid, not how sharp the rise is) unconverged after 500 iterations at the same minimum from
+# every start (the TEPO convergence study's pooled fits, docs/records/results.md)
+RELATIVE_TOLERANCE = 1.49012e-8
 # Marquardt's damping: start, factor per rejected (accepted) step, and the value past which no step lowers the error
 DAMPING_START, DAMPING_FACTOR, DAMPING_MAX = 1e-3, 10.0, 1e12
 # a fit whose F-test against no gain (R = R0 everywhere) has p at or above this is flat
@@ -239,9 +242,36 @@ class RunCurve:
     values: np.ndarray
 
 
+def sampled_before_update(metric: str) -> bool:
+    """A step's own metric (accuracy/drawn, reward/*): it is measured on rollouts the policy sampled before the
+    step's update, so it belongs at the compute spent before that policy, not at the step's end."""
+    from tokenpo.metrics_registry import STEP, entry
+
+    found = entry(metric)
+    return found is not None and found.kind == STEP
+
+
+def series_at_sampling(records: list[dict[str, float]], metric: str, compute_key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(compute, metric) of a step's own metric, each at the compute the run had spent when the policy that sampled
+    the step's rollouts was current: the end of step r − 1 − staleness (0 before the first step), so step 1 gives R0,
+    the untrained policy's value at compute 0."""
+    spent = {0: 0.0}
+    spent.update({int(record["step"]): record[compute_key] for record in records if compute_key in record})
+    pairs = []
+    for record in records:
+        if metric in record and "step" in record:
+            version = int(record["step"]) - 1 - round(record.get("async/staleness", 0.0))
+            if version in spent:
+                pairs.append((spent[version], record[metric]))
+    pairs.sort()
+    return np.array([x for x, _ in pairs], dtype=float), np.array([y for _, y in pairs], dtype=float)
+
+
 def fit_run(run: Run, metric: str, compute_key: str, fit_from: float) -> RunCurve:
-    """A run's curve; R0 from its evaluation at compute 0 (the trainer's before-training evaluation)."""
-    compute, values = series(run.records, metric, compute_key)
+    """A run's curve; R0 from its evaluation at compute 0 (the trainer's before-training evaluation), or for a
+    step's own metric its first step (`series_at_sampling`)."""
+    compute, values = (series_at_sampling(run.records, metric, compute_key) if sampled_before_update(metric)
+                       else series(run.records, metric, compute_key))
     seed = run.overrides.get(SEED_KEY)
     r0 = start_value(compute, values)
     if r0 is None:
