@@ -95,6 +95,8 @@ def yaml_value(value: Any) -> str:
         return "[" + ", ".join(yaml_value(item) for item in value) + "]"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{key}: {yaml_value(item)}" for key, item in value.items()) + "}"
+    if value == "":
+        return '""'  # as YAML writes it (and an empty code span would not render)
     return str(value)
 
 

@@ -53,6 +53,10 @@ def test_a_new_key_appears_with_its_type_default_rule_and_help():
     assert sections[1].keys == [docs_reference.Key("group.inner.depth", "int", "`3`", ">= 1", "how deep (layers)")]
 
 
+def test_an_empty_string_default_is_written_as_yaml_writes_it():
+    assert docs_reference.yaml_value("") == '""' and docs_reference.yaml_value(["", "a"]) == '["", a]'
+
+
 def test_table_cells_escape_pipes_and_show_angle_brackets_outside_code():
     assert docs_reference.cell("a | b <c> `<d> e`\nf") == "a \\| b &lt;c&gt; `<d> e` f"
 
