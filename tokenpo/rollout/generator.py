@@ -38,7 +38,7 @@ class GenerateRequest:
 class Generated:
     key: tuple[int, int]
     responses: Responses
-    version: int  # the version that sampled it (a partial rollout's newest)
+    version: int  # the version that sampled it (a partial rollout's oldest: its staleness is its oldest token's)
     weights_wait_s: float  # the generator waited this long for the version's weights
     generate_s: float
 

@@ -67,7 +67,8 @@ def test_the_server_tokenpo_starts_runs_vllms_server_with_the_routes_the_engine_
     assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     text = " ".join(command)
     for flag in ("--load-format dummy", "--enable-scale-out", "--logprobs-mode processed_logprobs", "--port 8123",
-                 "--generation-config vllm", "--enforce-eager", "--data-parallel-size 1"):
+                 "--generation-config vllm", "--enforce-eager", "--data-parallel-size 1",
+                 "--max-num-batched-tokens 65536"):
         assert flag in text
     assert json.loads(command[command.index("--weight-transfer-config") + 1]) == {"backend": "gloo"}
     assert server_env(cfg) == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -81,6 +82,7 @@ def test_gpu_servers_are_data_parallel_replicas_of_the_tensor_parallel_size():
     assert command[command.index("--tensor-parallel-size") + 1] == "2"
     assert command[command.index("--data-parallel-size") + 1] == "2"
     assert "--gpu-memory-utilization" in command and "--enforce-eager" not in command
+    assert "--max-num-batched-tokens" not in command  # vLLM's GPU default: the CPU sampler's limit is not a GPU one
     assert server_env(cfg)["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
     assert transfer_backend(cfg, cuda_available=False) == "nccl"
     assert transfer_backend(train_config("rollout=vllm_server").rollout, cuda_available=True) == "gloo"

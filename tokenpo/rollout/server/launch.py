@@ -14,6 +14,8 @@ from tokenpo.errors import ConfigError
 from tokenpo.rollout.config import RolloutConfig, vllm_sizing
 from tokenpo.rollout.server.process import ServerSpec
 
+# CPU servers: prompt tokens one scheduler step may take (see server_command)
+CPU_BATCHED_TOKENS = 65536
 # the routes /pause, /resume, /init_weight_transfer_engine, /update_weights... are vLLM's "dev mode" routes
 SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
@@ -46,6 +48,11 @@ def server_command(cfg: RolloutConfig, folder: str, dtype: str, backend: str) ->
         command += ["--max-model-len", str(v.max_model_len)]
     if on_gpus(cfg):
         command += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+    else:
+        # vLLM's CPU sampler cannot continue a seeded request whose prefill was split over two scheduler steps
+        # ("CPU Generator does not use offset"), which its server's default budget of 2048 tokens a step does once
+        # a step's prompts exceed it: a budget no step's prompts reach (extra_args may set another)
+        command += ["--max-num-batched-tokens", str(CPU_BATCHED_TOKENS)]
     return command + [str(arg) for arg in s.extra_args]
 
 
