@@ -20,10 +20,7 @@ pytest.importorskip("vllm")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from support.config import train_config  # noqa: E402
-from support.vllm_sync import LOGP_TOLERANCE, max_logprob_gap, updates_keep_the_engine_in_sync  # noqa: E402
-from tokenpo.data import load_splits  # noqa: E402
-from tokenpo.data.prompts import capped_prompt_ids  # noqa: E402
-from tokenpo.evaluation.benchmark import stop_token_ids  # noqa: E402
+from support.vllm_sync import engine_setup, LOGP_TOLERANCE, max_logprob_gap, updates_keep_the_engine_in_sync  # noqa: E402
 from tokenpo.models.config import LoraConfig  # noqa: E402
 from tokenpo.models.loading import load_model  # noqa: E402
 from tokenpo.models.lora import wrap_lora  # noqa: E402
@@ -41,12 +38,7 @@ LORA_LR = 1e-3
 
 @pytest.fixture(scope="module")
 def setup():
-    cfg = train_config("rollout=vllm", "logger.mode=disabled")
-    tokenizer, model = load_model(cfg.model, cfg.seed)
-    model.eval()
-    train, _ = load_splits(cfg.data, cfg.seed, tokenizer)
-    prompts = [capped_prompt_ids(example.problem, tokenizer, cfg.data) for example in train[:PROMPTS]]
-    return cfg, tokenizer, model, prompts, stop_token_ids(tokenizer, cfg.rollout.eos_tokens)
+    return engine_setup(["rollout=vllm"], PROMPTS)
 
 
 @pytest.fixture(scope="module")

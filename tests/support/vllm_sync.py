@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import torch
 
+from support.config import train_config
+from tokenpo.data import load_splits
+from tokenpo.data.prompts import capped_prompt_ids
+from tokenpo.evaluation.benchmark import stop_token_ids
+from tokenpo.models.loading import load_model
 from tokenpo.models.logprobs import PassOptions, response_logprobs
 from tokenpo.models.published import Published
 from tokenpo.trainer.core.batch import pad_groups
@@ -15,6 +20,17 @@ from tokenpo.trainer.core.batch import pad_groups
 # stale model by 10-16
 LOGP_TOLERANCE = 1e-2
 UPDATES = 3
+
+
+def engine_setup(overrides: list[str], prompts: int):
+    """(config, tokenizer, model in eval mode, the first `prompts` training prompts as ids, the stop tokens) of the
+    run `overrides` configure."""
+    cfg = train_config("logger.mode=disabled", *overrides)
+    tokenizer, model = load_model(cfg.model, cfg.seed)
+    model.eval()
+    train, _ = load_splits(cfg.data, cfg.seed, tokenizer)
+    prompt_ids = [capped_prompt_ids(example.problem, tokenizer, cfg.data) for example in train[:prompts]]
+    return cfg, tokenizer, model, prompt_ids, stop_token_ids(tokenizer, cfg.rollout.eos_tokens)
 
 
 def trainer_logprobs(model, tokenizer, prompts, responses):

@@ -18,13 +18,8 @@ import torch
 
 pytest.importorskip("vllm")
 
-from support.config import train_config  # noqa: E402
-from support.vllm_sync import LOGP_TOLERANCE, max_logprob_gap, trainer_logprobs, updates_keep_the_engine_in_sync  # noqa: E402
-from tokenpo.data import load_splits  # noqa: E402
-from tokenpo.data.prompts import capped_prompt_ids  # noqa: E402
+from support.vllm_sync import engine_setup, LOGP_TOLERANCE, max_logprob_gap, trainer_logprobs, updates_keep_the_engine_in_sync  # noqa: E402
 from tokenpo.deepspeed.dist import free_port  # noqa: E402
-from tokenpo.evaluation.benchmark import stop_token_ids  # noqa: E402
-from tokenpo.models.loading import load_model  # noqa: E402
 from tokenpo.models.published import Published  # noqa: E402
 from tokenpo.rollout import SamplingParams, build_generator  # noqa: E402
 from tokenpo.rollout.generator import GenerateRequest, GeneratorDown  # noqa: E402
@@ -38,13 +33,8 @@ LONG = 300
 
 @pytest.fixture(scope="module")
 def setup():
-    cfg = train_config("rollout=vllm_server", "logger.mode=disabled", "rollout.server.cpu_cores=1",
-                       f"rollout.server.port={free_port()}", f"rollout.server.transfer_port={free_port()}")
-    tokenizer, model = load_model(cfg.model, cfg.seed)
-    model.eval()
-    train, _ = load_splits(cfg.data, cfg.seed, tokenizer)
-    prompts = [capped_prompt_ids(example.problem, tokenizer, cfg.data) for example in train[:PROMPTS]]
-    return cfg, tokenizer, model, prompts, stop_token_ids(tokenizer, cfg.rollout.eos_tokens)
+    return engine_setup(["rollout=vllm_server", "rollout.server.cpu_cores=1", f"rollout.server.port={free_port()}",
+                         f"rollout.server.transfer_port={free_port()}"], PROMPTS)
 
 
 @pytest.fixture(scope="module")
