@@ -4,8 +4,8 @@
 # experiment=tepo/mask_off; its sequence-likelihood ratio replaced by GRPO's per-token ratio:
 # experiment=tepo/ratio_token), 8 seeds x 10 steps each on the study testbed (scripts/study.sh), held-out greedy
 # accuracy on 64 problems before training and after every step (11 points a run for the curve fits), training
-# accuracy as the free second signal; then the curve fits (ScaleRL's Eq. 1) against generated tokens and against
-# wall time, against GRPO and against DAPO, into docs/data/tepo_convergence/.
+# accuracy as the free second signal; then each run's files into docs/data/tepo_convergence/runs/ and the curve fits
+# (scripts/tepo_convergence_report.sh) into docs/data/tepo_convergence/.
 # Sized to about 2 h on the 2-core machine: 40 runs of ~5.5 min, two side by side (STUDY_JOBS=2: each group's 8
 # seeds in 4 pairs), measured on a pilot run (one step ~14.5 s, one evaluation of 64 problems ~14 s at one thread).
 # Rerunning resumes: finished runs are skipped (scripts/study.sh). Environment and extra arguments as
@@ -20,15 +20,15 @@ experiment=tepo/ratio_token}"
 status=0
 bash scripts/study.sh eval.every_steps=1 eval.before_training=true 'eval.extra=[]' data.arith.eval_size=64 \
     eval.max_problems=64 eval.batch_size=64 "$@" || status=$?
-PY="$(bash scripts/setup.sh | tail -n 1)"
-FIT=(--target-metric eval/accuracy --target 0.5 --band ci --fit-curves --fit-metric eval/accuracy
-     --fit-metric accuracy/drawn)
-"$PY" -m tokenpo.compare "$STUDY_DIR" --baseline algorithm=grpo "${FIT[@]}" --compute time --no-figures \
-    --out "$STUDY_DOCS/time"
-"$PY" -m tokenpo.compare "$STUDY_DIR" --baseline algorithm=dapo "${FIT[@]}" --compute tokens --no-figures \
-    --out "$STUDY_DOCS/vs_dapo"
-"$PY" -m tokenpo.compare "$STUDY_DIR" --baseline algorithm=dapo "${FIT[@]}" --compute time --no-figures \
-    --out "$STUDY_DOCS/vs_dapo/time"
-"$PY" -m tokenpo.compare "$STUDY_DIR" --baseline algorithm=tepo "${FIT[@]}" --compute tokens --no-figures \
-    --out "$STUDY_DOCS/vs_tepo"
+# each run's files behind the figures (its metrics, overrides and numerics environment; no weights, no paths)
+RUNS="$STUDY_DOCS/runs"
+for run in "$STUDY_DIR"/*/seed*; do
+  [ -f "$run/summary.json" ] || continue
+  keep="$RUNS/${run#"$STUDY_DIR"/}"
+  mkdir -p "$keep/.hydra"
+  cp "$run/metrics.jsonl" "$run/environment.json" "$keep/"
+  cp "$run/.hydra/overrides.yaml" "$keep/.hydra/"
+done
+# every comparison again from those files (the first one rewrites study.sh's, from the same runs)
+bash scripts/tepo_convergence_report.sh "$RUNS" "$STUDY_DOCS"
 exit "$status"
