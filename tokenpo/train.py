@@ -75,7 +75,7 @@ def hydra_main(tree: DictConfig) -> float | None:
     except ConfigError as err:
         fail(str(err), in_sweep)
     except GeneratorDown as err:
-        fail(f"{err} (the run saved its checkpoint: the same command resumes it)", in_sweep)
+        fail(str(err), in_sweep)
     except Requeued:  # the job's rerun resumes: not a failed job of the sweep
         raise
     except SystemExit as exit_:

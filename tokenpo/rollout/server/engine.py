@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -58,9 +59,15 @@ class VLLMServerEngine:
         self.pending: dict[tuple[int, int], tuple[GenerateRequest, list[Future], float]] = {}
         self.done: dict[tuple[int, int], Generated] = {}
         self.measured: dict[str, list[float]] = defaultdict(list)
+        self.failed = False  # a server failed: its log is kept past close (every error about it names the file)
         try:
             self._start(published)
+        except process.ServerError as error:  # a server that did not start: one line, its log kept
+            self.failed = True
+            self.close()
+            raise GeneratorDown(str(error).splitlines()[0]) from None
         except BaseException:
+            self.failed = True
             self.close()  # a server started before the failure stops with it
             raise
 
@@ -113,15 +120,19 @@ class VLLMServerEngine:
             failure, result = f"{doing}: {str(error).splitlines()[0]}", None
         failure = dist.broadcast_object(failure)
         if failure is not None:
-            raise GeneratorDown(failure)
+            raise self._down(failure)
         return result
+
+    def _down(self, message: str) -> GeneratorDown:
+        self.failed = True
+        return GeneratorDown(message)
 
     def check(self) -> None:
         for server in self.servers:
             try:
                 process.check(server)
             except process.ServerError as error:
-                raise GeneratorDown(str(error)) from None
+                raise self._down(str(error)) from None
 
     # --- Generator ---
 
@@ -193,10 +204,12 @@ class VLLMServerEngine:
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self.push is not None:
             self.push.close()
-        for server in self.servers:
-            process.stop(server)
+        process.stop(*self.servers)
         if self.folder is not None:
             self.folder.cleanup()
+        for server in self.servers:
+            if server.log_path is not None and not self.failed:
+                shutil.rmtree(server.log_path.parent, ignore_errors=True)
 
     # --- requests ---
 
@@ -222,7 +235,7 @@ class VLLMServerEngine:
             finished, pending = wait(pending, timeout=HEALTH_POLL_S, return_when=FIRST_EXCEPTION)
             failed = next((f.exception() for f in finished if f.exception() is not None), None)
             if failed is not None:
-                raise GeneratorDown(str(failed).splitlines()[0]) from None
+                raise self._down(str(failed).splitlines()[0]) from None
             if pending:
                 self.check()
         return [future.result() for future in futures]

@@ -170,9 +170,9 @@ class RolloutSource:
         """This rank's rounds in flight, waited for, with their prompts (plain data, for a checkpoint); a round whose
         samples a failed generator lost is left out (the resumed run draws and samples it anew)."""
         generator = self.generator.state_dict()
+        # a generator answering in this process has nothing in flight between steps (its state is empty)
         answered = {tuple(item["key"]) for item in generator.get("results", [])}
-        rounds = {key: examples for key, examples in self.examples.items()
-                  if key in answered or "results" not in generator}
+        rounds = {key: examples for key, examples in self.examples.items() if key in answered}
         return {"rounds": [{"key": list(key), "examples": [asdict(e) for e in examples]}
                            for key, examples in sorted(rounds.items())],
                 "generator": generator}

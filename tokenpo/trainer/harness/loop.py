@@ -148,7 +148,7 @@ class Loop:
             self.logger.log(step, metrics)
             if self.source.down is not None:  # the step's update is applied and logged; its weights did not leave
                 self.save()
-                raise self.source.down
+                raise self.saved(self.source.down)
             # every rank must agree: a signal may have reached only some of them; a health detector with
             # action=stop ends the run as a signal does (every rank saw the same metrics)
             interrupted = any(dist.all_gather_objects(stop.requested)) or self.health.stopping is not None
@@ -164,9 +164,13 @@ class Loop:
         is saved, the rounds the generator lost left to sample again, and the error goes on (one line)."""
         try:
             yield
-        except GeneratorDown:
+        except GeneratorDown as error:
             self.save()
-            raise
+            raise self.saved(error) from None
+
+    def saved(self, error: GeneratorDown) -> GeneratorDown:
+        return GeneratorDown(f"{error} (the run saved its checkpoint at step {self.state.step}: the same command "
+                             f"resumes it)")
 
     def after_step(self, step: int, result: StepResult) -> dict[str, float]:
         """The run state advanced past `step`; its metrics with the evaluation due at it; its sample table."""

@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
         print(f"tokenpo: error: {err}", file=sys.stderr)
         return 2
     except GeneratorDown as err:
-        print(f"tokenpo: error: {err} (the run saved its checkpoint: the same command resumes it)", file=sys.stderr)
+        print(f"tokenpo: error: {err}", file=sys.stderr)
         return 2
     return 0
 
