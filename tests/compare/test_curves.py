@@ -12,6 +12,7 @@ from tokenpo.compare.curve_report import fmt_search
 from tokenpo.compare.curves import (
     fit_gain_curve,
     sampled_before_update,
+    seeds_to_tell,
     series_at_sampling,
     CMidRatio,
     CurveParams,
@@ -298,3 +299,11 @@ def test_a_rise_between_two_evaluations_converges_at_its_minimum():
     fit = fit_gain_curve(compute, gains, 0.33)
     assert fit.converged_starts > 0
     assert 300 < fit.params.c_mid < 900 if fit.params else "on its bound" in fit.reason
+
+
+def test_seeds_to_tell_scales_the_interval_to_just_exclude_1():
+    # ratio 0.8 with [0.6, 1.0667] at 8 seeds: half-width log(1.0667/0.6)/2 = 0.2877 = 1.289 × |log 0.8|
+    ratio = CMidRatio(0.8, 0.6, 0.6 * (0.8 / 0.6) ** 2, "seed resampling, paired (n=8)")
+    assert seeds_to_tell(ratio, 8) == math.ceil(8 * (math.log(0.8 / 0.6) / math.log(1 / 0.8)) ** 2) == 14
+    assert seeds_to_tell(CMidRatio(0.5, 0.3, 0.8, "paired"), 8) is None  # shown already: no more seeds needed
+    assert seeds_to_tell(CMidRatio(0.8, None, None, "n/a"), 8) is None

@@ -25,6 +25,7 @@ from tokenpo.compare.curves import (
     TargetReach,
     fit_groups,
     saturating_curve,
+    seeds_to_tell,
     speed_verdict,
 )
 from tokenpo.compare.plots import X_AXES, X_KEYS, axis_label, draw_group, group_colours
@@ -73,7 +74,7 @@ def fmt_search(fit: CurveFit) -> str:
 def pooled_lines(pooled: dict[str, PooledGroup], unit: str, vs: str, baseline: str | None) -> list[str]:
     """The table of the fits pooled over seeds: A, B, C_mid with resampling intervals, the C_mid ratio, speed."""
     header = ["group", "runs pooled", "pooled fit", "A [95 % CI]", "B", f"C_mid ({unit}) [95 % CI]",
-              f"C_mid ratio {vs} [95 % CI]", "speed"]
+              f"C_mid ratio {vs} [95 % CI]", "speed", "seeds to tell"]
     lines = ["Pooled over seeds:", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for row in pooled.values():
         fit = row.fit
@@ -82,7 +83,8 @@ def pooled_lines(pooled: dict[str, PooledGroup], unit: str, vs: str, baseline: s
         b = f"{fit.params.b:.2f}" if fit.params else "—"
         lines.append(f"| {row.group} | {row.n_runs} | {state} | {fmt_interval(row.asymptote, '.3f')} | {b} | "
                      f"{fmt_interval(row.c_mid, '.4g')} | {fmt_ratio(row.ratio)} | "
-                     f"{speed_verdict(row.ratio) if baseline else '—'} |")
+                     f"{speed_verdict(row.ratio) if baseline else '—'} | "
+                     f"{seeds_to_tell(row.ratio, row.n_runs) or '—'} |")
     return lines + [""]
 
 
@@ -132,7 +134,9 @@ def curves_markdown(tables: list[list[GroupCurves]], pooled_tables: list[dict[st
         "points (each as its gain over its own R0; R0 the runs' mean) with the same checks; its intervals are the "
         "fitted value ± the Student-t quantile on n − 1 seeds times the standard deviation over seed resamples (of "
         "A, of log C_mid, of the log C_mid ratio; paired resamples when the group ran the baseline's seeds), and "
-        f"need {MIN_FITTED_SHARE:.0%} of the resamples fitted."
+        f"need {MIN_FITTED_SHARE:.0%} of the resamples fitted. Seeds to tell: where the ratio's interval includes "
+        "1, the seeds per group at which a ratio of this size would have one just excluding it, n × (half-width of "
+        "the log interval / |log ratio|)² (a planning figure)."
     )
     return "\n".join(lines) + "\n"
 
@@ -184,7 +188,8 @@ def write_pooled_csv(tables: list[list[GroupCurves]], pooled_tables: list[dict[s
     """One row per (metric, group) of the fits pooled over seeds; empty cells where a value does not exist."""
     columns = ["metric", "group", "n_runs_pooled", "r0", "a", "a_ci95_low", "a_ci95_high", "b", "c_mid",
                "c_mid_ci95_low", "c_mid_ci95_high", "c_mid_ratio", "c_mid_ratio_ci95_low", "c_mid_ratio_ci95_high",
-               "ratio_test", "speed", "resamples", "unfit_resamples", "unfit_reason", "no_interval_reason"]
+               "ratio_test", "speed", "seeds_to_tell", "resamples", "unfit_resamples", "unfit_reason",
+               "no_interval_reason"]
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(columns)
@@ -196,7 +201,8 @@ def write_pooled_csv(tables: list[list[GroupCurves]], pooled_tables: list[dict[s
                           *([params.r0, params.a, *intervals[0], params.b, params.c_mid, *intervals[1]] if params
                             else [""] * 8),
                           *(["", "", "", ""] if ratio is None else [ratio.ratio, ratio.low, ratio.high, ratio.test]),
-                          "" if ratio is None else speed_verdict(ratio), row.resamples, row.unfit_resamples,
+                          "" if ratio is None else speed_verdict(ratio), seeds_to_tell(ratio, row.n_runs),
+                          row.resamples, row.unfit_resamples,
                           row.fit.reason, row.note]
                 writer.writerow(["" if value is None else value for value in values])
 

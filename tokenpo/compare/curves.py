@@ -336,6 +336,18 @@ def speed_verdict(ratio: CMidRatio | None) -> str:
     return "not shown either way"
 
 
+def seeds_to_tell(ratio: CMidRatio | None, n_seeds: int) -> int | None:
+    """Seeds per group at which a C_mid ratio of the observed size would have an interval just excluding 1, where
+    this one does not: the interval's half-width on the log scale shrinks as 1/sqrt(seeds), so
+    n × (half-width / |log ratio|)² (a planning figure: the t quantile's own shrinking is left out). None where
+    the interval excludes 1 already, or there is none."""
+    if ratio is None or ratio.low is None or ratio.ratio is None or ratio.high < 1.0 or ratio.low > 1.0:
+        return None
+    half = (math.log(ratio.high) - math.log(ratio.low)) / 2
+    distance = abs(math.log(ratio.ratio))
+    return math.ceil(n_seeds * (half / distance) ** 2) if distance > 0 else None
+
+
 @dataclass(frozen=True)
 class TargetReach:
     n_runs: int  # runs that logged the metric with the compute axis
