@@ -28,7 +28,10 @@ def main() -> None:
                *args.server_args)
     server = start(ServerSpec("stand-in server", command, "127.0.0.1", args.port, args.log, grace_s=1.0))
     wait_ready(server, 60)
-    args.guard_pid.write_text(f"{server.process.pid}\n")
+    # written whole before the test can see it (the test reads the file as soon as it exists)
+    partial = args.guard_pid.with_suffix(".partial")
+    partial.write_text(f"{server.process.pid}\n")
+    partial.rename(args.guard_pid)
     if args.then == "sleep":
         time.sleep(600)
     raise RuntimeError("the stand-in trainer fails")

@@ -60,8 +60,7 @@ def train(cfg: TrainConfig, identity: RunIdentity) -> dict:
     benchmarks = load_benchmarks(cfg.eval, cfg.data, cfg.seed, tokenizer, train_eval, train_examples)
     sampler = PromptSampler(train_examples, cfg.data.prompts_per_step, cfg.seed)
     run = StepSettings.from_config(cfg, tokenizer.pad_token_id)
-    stop = StopRequest()
-    with RewardScorer(run.reward) as scorer, \
+    with StopRequest() as stop, RewardScorer(run.reward) as scorer, \
             contextlib.closing(build_generator(with_vllm_share(cfg, world), tokenizer, policy.publish(0),
                                                policy.device, world)) as generator:
         source = rollout_source(cfg, generator, scorer, sampler, tokenizer)
@@ -84,7 +83,6 @@ def train(cfg: TrainConfig, identity: RunIdentity) -> dict:
         if state.step == trainer.max_steps:
             policy.export(tokenizer, run_dir / "final")
         logger.finish()
-    stop.restore()
     summary = write_summary(state, identity, interrupted, stop.signum if interrupted else None, logger.outcome())
     if health.stopping is not None:
         raise health.stop_error(run_dir)

@@ -32,3 +32,11 @@ class StopRequest:
     def restore(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+    # a run that ends in an error (a dead generator, a health stop) puts the handlers back too: the process, or a
+    # sweep's next job in it, gets its own (submitit's requeue) again
+    def __enter__(self) -> StopRequest:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
