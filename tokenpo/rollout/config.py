@@ -54,7 +54,8 @@ class VLLMConfig:
 
 # the weight transfers the vllm_server engine drives through vLLM's weight-transfer API (tokenpo.rollout.server.push)
 SERVER_TRANSFERS = ("auto", "nccl", "gloo")
-# what a request in flight does when new weights reach its server (docs/rollout.md, "Partial rollouts")
+# what a request in flight does when new weights reach its server (docs/rollout.md, "Partial rollouts"): vLLM's
+# pause modes, passed to its /pause as they are
 IN_FLIGHT = ("keep", "wait", "abort")
 
 

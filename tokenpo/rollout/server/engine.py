@@ -73,16 +73,17 @@ class VLLMServerEngine:
 
     def _start(self, published: Published) -> None:
         """The servers ready, the transfer open, `published` pushed before the first request."""
-        self.servers = self._servers(published)
+        backend = transfer_backend(self.cfg, torch.cuda.is_available())
+        self.servers = self._servers(published, backend)
         self.urls = [server.url for server in self.servers]
-        setup = self._transfer_setup(transfer_backend(self.cfg, torch.cuda.is_available()))
+        setup = self._transfer_setup(backend)
         self.push = self._guarded("opening the weight transfer",
                                   lambda: WeightPush(self.urls, setup, sender=dist.is_main()))
         self.load(published)
 
     # --- servers and transfer ---
 
-    def _servers(self, published: Published) -> list[process.Server]:
+    def _servers(self, published: Published, backend: str) -> list[process.Server]:
         """The servers given by URL, or the one rank 0 starts (every rank learns its URL); ready."""
         if self.server_cfg.urls:
             servers = [process.given(url, f"vLLM server {url}") for url in self.server_cfg.urls]
@@ -92,8 +93,7 @@ class VLLMServerEngine:
                 dtype = (self.cfg.vllm.dtype if self.cfg.vllm.dtype != "auto"
                          else str(published.dtype).removeprefix("torch."))
                 log_dir = Path(tempfile.mkdtemp(prefix=f"tokenpo-server-{os.getpid()}-"))
-                spec = server_spec(self.cfg, self.folder.name, dtype,
-                                   transfer_backend(self.cfg, torch.cuda.is_available()), log_dir)
+                spec = server_spec(self.cfg, self.folder.name, dtype, backend, log_dir)
                 log.info("%s starting (its log: %s)", spec.name, spec.log_path)
                 server = process.start(spec)
                 self.servers = [server]  # stopped by close if what follows fails

@@ -13,7 +13,7 @@ The wire is NCCL on GPUs (vLLM's own `nccl` engine on the servers; its communica
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
@@ -24,9 +24,6 @@ from tokenpo.models.published import Published
 from tokenpo.rollout.server.client import call
 from tokenpo.rollout.server.wire import broadcast, gloo_group
 
-# rollout.server.in_flight -> vLLM's pause mode: keep (frozen, resumed on the new weights), wait (drained first),
-# abort (dropped: the engine samples them again)
-PAUSE_MODES = {"keep": "keep", "wait": "wait", "abort": "abort"}
 CONTROL_TIMEOUT_S = 60.0
 
 
@@ -108,15 +105,15 @@ class WeightPush:
                                     {"init_info": init_info(self.setup, offset, world)}, timeout_s=self.setup.timeout_s)
                    for url, offset in zip(self.urls, offsets)]
         wire = WIRES[self.setup.backend](self.setup, world)
-        for answer in answers:
-            answer.result()
+        wait_all(answers)
         return wire
 
     def push(self, published: Published, in_flight: str) -> PushStats:
         """Version `published.version` to every server, generation paused around it as `in_flight` says."""
         started = time.perf_counter()
         if self.sender:
-            self._each("/pause", query={"mode": PAUSE_MODES[in_flight]})
+            # rollout.server.in_flight's choices are vLLM's pause modes
+            self._each("/pause", query={"mode": in_flight})
         drained = time.perf_counter()
         if self.sender:
             self._each("/start_weight_update")
@@ -141,21 +138,27 @@ class WeightPush:
                 "dtype_names": [str(tensor.dtype).removeprefix("torch.") for _, tensor in bucket],
                 "shapes": [list(tensor.shape) for _, tensor in bucket]}
         # answered once the servers have received the bucket: the calls run beside the broadcasts
-        answers = [self.pool.submit(call, url, "/update_weights", {"update_info": meta},
-                                    timeout_s=self.setup.timeout_s) for url in self.urls]
+        answers = self._to_each("/update_weights", {"update_info": meta})
         for _, tensor in bucket:
             self.wire.send(tensor)
-        for answer in answers:
-            answer.result()
+        wait_all(answers)
 
     def _each(self, route: str, body: dict | None = None, query: dict | None = None) -> None:
-        answers = [self.pool.submit(call, url, route, body if body is not None else {}, query=query,
-                                    timeout_s=self.setup.timeout_s) for url in self.urls]
-        for answer in answers:
-            answer.result()
+        wait_all(self._to_each(route, body, query))
+
+    def _to_each(self, route: str, body: dict | None = None, query: dict | None = None) -> list[Future]:
+        """`route` called on every server at once; the calls' futures."""
+        return [self.pool.submit(call, url, route, body if body is not None else {}, query=query,
+                                 timeout_s=self.setup.timeout_s) for url in self.urls]
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def wait_all(answers: list[Future]) -> None:
+    """Every call's answer; the first failure raised."""
+    for answer in answers:
+        answer.result()
 
 
 def buckets(tensors, bucket_bytes: int):
