@@ -62,8 +62,8 @@ def resolve_pretrained_dir(cfg: ModelConfig) -> str:
     return str(_converted_dir(cfg, where) if kind == "gguf" else where)
 
 
-def build_tiny_model(cfg: ModelConfig, vocab_size: int, seed: int) -> LlamaForCausalLM:
-    """A randomly initialised Llama for fast tests (weights depend only on seed)."""
+def tiny_config(cfg: ModelConfig, vocab_size: int) -> LlamaConfig:
+    """The tiny Llama's config (model.tiny)."""
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=cfg.tiny.hidden_size,
@@ -73,11 +73,29 @@ def build_tiny_model(cfg: ModelConfig, vocab_size: int, seed: int) -> LlamaForCa
         num_key_value_heads=cfg.tiny.num_heads,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
+        architectures=["LlamaForCausalLM"],
     )
     config._attn_implementation = cfg.attn_implementation
+    return config
+
+
+def build_tiny_model(cfg: ModelConfig, vocab_size: int, seed: int) -> LlamaForCausalLM:
+    """A randomly initialised Llama for fast tests (weights depend only on seed)."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return LlamaForCausalLM(config)
+        return LlamaForCausalLM(tiny_config(cfg, vocab_size))
+
+
+def model_description(cfg: ModelConfig) -> tuple[object, object]:
+    """(the model's Hugging Face config, its tokenizer), without its weights: what a server builds the model from
+    before the policy loads it (rollout engines that start servers early)."""
+    from transformers import AutoConfig
+
+    if cfg.source == "tiny":
+        tokenizer = tiny_tokenizer(cfg)
+        return tiny_config(cfg, len(tokenizer)), tokenizer
+    source = resolve_pretrained_dir(cfg)
+    return AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code), load_tokenizer(cfg, source)
 
 
 def load_model(cfg: ModelConfig, seed: int = 0, partitioned: PartitionedLoading | None = None):

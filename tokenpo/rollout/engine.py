@@ -7,12 +7,16 @@ copy of the weights that each `load` brings up to date; with rollout.async.max_s
 a process of its own ahead of the update (tokenpo.rollout.ahead) and the in-process engine samples the evaluations.
 The `vllm_server` engine generates on vLLM servers of their own (tokenpo.rollout.server), in turn or ahead.
 Another engine (SGLang, another server) plugs in by registering a class with the engines' constructor
-`(cfg: RolloutConfig, tokenizer, published: Published, device)` that implements `Generator`.
+`(cfg: RolloutConfig, tokenizer, published: Published, device)` that implements `Generator`; one that starts
+servers may define `start_early(cfg, model: ModelConfig)`, whose result (with a `close`) the trainer calls before
+the policy's model loads and hands the constructor as a fifth argument.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,6 +26,7 @@ from tokenpo.registry import Registry
 if TYPE_CHECKING:
     import torch
 
+    from tokenpo.models.config import ModelConfig
     from tokenpo.rollout.config import RolloutConfig
     from tokenpo.rollout.generator import Generator, Published
 
@@ -82,12 +87,27 @@ def get_engine(name: str) -> type:
     return ENGINES.get(name)
 
 
+@contextlib.contextmanager
+def started_early(cfg: RolloutConfig, model: ModelConfig) -> Iterator[object | None]:
+    """What the engine starts before the policy's model loads, for `build_generator` (an engine's optional
+    `start_early(cfg, model)`: a server engine's servers, which then boot while the trainer loads); closed at the
+    end (the engine that took it has closed it by then; a run that failed before has not)."""
+    start = getattr(get_engine(cfg.engine), "start_early", None)
+    early = start(cfg, model) if start is not None else None
+    try:
+        yield early
+    finally:
+        if early is not None:
+            early.close()
+
+
 def build_generator(cfg: RolloutConfig, tokenizer, published: Published, device: torch.device,
-                    world_size: int = 1) -> Generator:
+                    world_size: int = 1, early: object | None = None) -> Generator:
     """The run's generator, holding `published` (the policy before training, or the model evaluated): the engine
-    rollout.engine names, and with rollout.async.max_staleness >= 1, for an engine that runs in this process, a
-    generation-ahead process in front of it (the engine then samples the evaluations only)."""
-    engine = get_engine(cfg.engine)(cfg, tokenizer, published, device)
+    rollout.engine names (given what `started_early` started, if anything), and with rollout.async.max_staleness
+    >= 1, for an engine that runs in this process, a generation-ahead process in front of it (the engine then
+    samples the evaluations only)."""
+    engine = get_engine(cfg.engine)(cfg, tokenizer, published, device, *([early] if early is not None else []))
     if not cfg.async_.max_staleness or ENGINES.trait(cfg.engine, "ahead") != "process":
         return engine
     from tokenpo.rollout.ahead import AheadGenerator, WorkerSettings

@@ -15,14 +15,18 @@ Which version samples which step is `version_for`, a pure function of the step a
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:  # the protocol imports neither torch nor the models: start-up checks read the rollout config first
     import torch
 
     from tokenpo.models.published import Published
     from tokenpo.rollout.engine import Responses, SamplingParams
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,23 @@ class Generated:
 class GeneratorDown(RuntimeError):
     """The generator's process or servers died or stopped answering (one line naming which): the run saves what it
     can and stops (tokenpo.trainer.harness.loop)."""
+
+
+def agreed(action: Callable[..., T], *args) -> T:
+    """`action(*args)`, called by every rank: a `GeneratorDown` on one rank is one on every rank (the lowest failing
+    rank's line), so that no rank goes on into the step's collectives while another saves and stops (they would
+    wait for each other until the process group's timeout)."""
+    from tokenpo.deepspeed import dist
+
+    failure, result = None, None
+    try:
+        result = action(*args)
+    except GeneratorDown as error:
+        failure = str(error)
+    failures = [line for line in dist.all_gather_objects(failure) if line is not None]
+    if failures:
+        raise GeneratorDown(failures[0])
+    return result
 
 
 def results_state(done: dict[tuple[int, int], Generated]) -> dict:

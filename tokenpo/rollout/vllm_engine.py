@@ -48,7 +48,7 @@ class VLLMEngine(AnsweredNow):
         # asleep: the KV cache is released; weights_discarded: the weights too (level 2), until the next sync
         self.asleep = self.weights_discarded = False
         dtype = v.dtype if v.dtype != "auto" else str(published.dtype).removeprefix("torch.")
-        self.folder = model_folder(published, tokenizer)
+        self.folder = model_folder(published.config, published.architecture, tokenizer)
         self.llm = LLM(
             model=self.folder.name,
             load_format="dummy",  # every weight comes from load

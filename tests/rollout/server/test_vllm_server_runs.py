@@ -52,13 +52,12 @@ def hand_started_server(folder: Path, port: int, log: Path) -> process.Server:
 def model_folder(tmp_path_factory) -> Path:
     """The embedded model's config and tokenizer, what a user would name with --model."""
     from support.config import train_config
-    from tokenpo.models.loading import load_model
-    from tokenpo.models.published import Published
+    from tokenpo.models.loading import model_description
     from tokenpo.rollout.model_folder import model_folder as folder_of
 
     cfg = train_config("logger.mode=disabled")
-    tokenizer, model = load_model(cfg.model, cfg.seed)
-    folder = folder_of(Published.of_module(model), tokenizer)
+    config, tokenizer = model_description(cfg.model)
+    folder = folder_of(config, None, tokenizer)
     yield Path(folder.name)
     folder.cleanup()
 

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,7 +29,10 @@ from tokenpo.deepspeed import dist
 from tokenpo.models.published import Published
 from tokenpo.rollout.config import RolloutConfig
 from tokenpo.rollout.engine import ENGINES, Responses, SamplingParams
-from tokenpo.rollout.generator import Generated, GenerateRequest, GeneratorDown, restored_results, results_state
+from tokenpo.models.config import ModelConfig
+from tokenpo.models.loading import model_description
+from tokenpo.rollout.generator import (Generated, GenerateRequest, GeneratorDown, agreed, restored_results,
+                                      results_state)
 from tokenpo.rollout.model_folder import model_folder
 from tokenpo.rollout.server import process
 from tokenpo.rollout.server.client import ServerCallError
@@ -45,11 +49,47 @@ MAX_OPEN_REQUESTS = 256
 HEALTH_POLL_S = 5.0
 
 
+@dataclass
+class Launched:
+    """The server tokenpo started for a run (on rank 0), not yet ready, with the folder it builds its model from."""
+
+    folder: tempfile.TemporaryDirectory
+    server: process.Server | None
+    failure: str | None  # why it did not start (one line; its log kept), or None
+
+    def close(self) -> None:
+        process.stop(*[server for server in [self.server] if server is not None])
+        self.folder.cleanup()
+
+
+def launch(cfg: RolloutConfig, config, architecture: str | None, tokenizer, dtype: str) -> Launched:
+    """The server rollout.server describes started (not waited for) for the model `config` and `tokenizer` describe,
+    in `dtype` where rollout.vllm.dtype is auto."""
+    folder = model_folder(config, architecture, tokenizer)
+    dtype = cfg.vllm.dtype if cfg.vllm.dtype != "auto" else dtype
+    log_dir = Path(tempfile.mkdtemp(prefix=f"tokenpo-server-{os.getpid()}-"))
+    try:
+        spec = server_spec(cfg, folder.name, dtype, transfer_backend(cfg, torch.cuda.is_available()), log_dir)
+        log.info("%s starting (its log: %s)", spec.name, spec.log_path)
+        return Launched(folder, process.start(spec), None)
+    except process.ServerError as error:
+        return Launched(folder, None, str(error).splitlines()[0])
+    except BaseException:
+        folder.cleanup()
+        shutil.rmtree(log_dir, ignore_errors=True)
+        raise
+
+
 @ENGINES.register("vllm_server")
 class VLLMServerEngine:
-    def __init__(self, cfg: RolloutConfig, tokenizer, published: Published, device: torch.device) -> None:
+    def __init__(self, cfg: RolloutConfig, tokenizer, published: Published, device: torch.device,
+                 early: Launched | None = None) -> None:
+        """`early`: the server `start_early` started on rank 0 before the policy's model loaded."""
         self.cfg, self.server_cfg = cfg, cfg.server
-        self.folder = model_folder(published, tokenizer) if not cfg.server.urls else None
+        self.launched = early
+        if early is None and not cfg.server.urls and dist.is_main():
+            self.launched = launch(cfg, published.config, published.architecture, tokenizer,
+                                   str(published.dtype).removeprefix("torch."))
         self.servers: list[process.Server] = []
         self.push: WeightPush | None = None
         self.pool = ThreadPoolExecutor(max_workers=MAX_OPEN_REQUESTS, thread_name_prefix="tokenpo-request")
@@ -62,7 +102,7 @@ class VLLMServerEngine:
         self.failed = False  # a server failed: its log is kept past close (every error about it names the file)
         try:
             self._start(published)
-        except process.ServerError as error:  # a server that did not start: one line, its log kept
+        except process.ServerError as error:  # a URL that names no server: one line
             self.failed = True
             self.close()
             raise GeneratorDown(str(error).splitlines()[0]) from None
@@ -71,39 +111,53 @@ class VLLMServerEngine:
             self.close()  # a server started before the failure stops with it
             raise
 
+    @classmethod
+    def start_early(cls, cfg: RolloutConfig, model: ModelConfig) -> Launched | None:
+        """The server tokenpo starts, started on rank 0 from the model's config and tokenizer before the policy's
+        model loads (vLLM boots while the trainer loads: minutes at 7B and more); None for servers given by URL."""
+        if cfg.server.urls or not dist.is_main():
+            return None
+        config, tokenizer = model_description(model)
+        return launch(cfg, config, None, tokenizer, model.dtype)
+
     def _start(self, published: Published) -> None:
-        """The servers ready, the transfer open, `published` pushed before the first request."""
-        backend = transfer_backend(self.cfg, torch.cuda.is_available())
-        self.servers = self._servers(published, backend)
+        """The servers ready and the transfer open (the same outcome on every rank: `agreed`); `published` is pushed
+        before the first request unless a `load` comes first (a resumed run's first load is its checkpoint's
+        weights: one push, not two)."""
+        self.servers = self._servers()
         self.urls = [server.url for server in self.servers]
-        setup = self._transfer_setup(backend)
-        self.push = self._guarded("opening the weight transfer",
-                                  lambda: WeightPush(self.urls, setup, sender=dist.is_main()))
-        self.load(published)
+        setup = self._transfer_setup(transfer_backend(self.cfg, torch.cuda.is_available()))
+        self.push = agreed(self._guarded, "opening the weight transfer",
+                           lambda: WeightPush(self.urls, setup, sender=dist.is_main()))
+        self.initial = published
 
     # --- servers and transfer ---
 
-    def _servers(self, published: Published, backend: str) -> list[process.Server]:
-        """The servers given by URL, or the one rank 0 starts (every rank learns its URL); ready."""
+    def _servers(self) -> list[process.Server]:
+        """The servers given by URL, or the one rank 0 started (every rank learns its URL); ready."""
         if self.server_cfg.urls:
             servers = [process.given(url, f"vLLM server {url}") for url in self.server_cfg.urls]
         else:
-            server = None
-            if dist.is_main():
-                dtype = (self.cfg.vllm.dtype if self.cfg.vllm.dtype != "auto"
-                         else str(published.dtype).removeprefix("torch."))
-                log_dir = Path(tempfile.mkdtemp(prefix=f"tokenpo-server-{os.getpid()}-"))
-                spec = server_spec(self.cfg, self.folder.name, dtype, backend, log_dir)
-                log.info("%s starting (its log: %s)", spec.name, spec.log_path)
-                server = process.start(spec)
-                self.servers = [server]  # stopped by close if what follows fails
+            agreed(self._started)
+            server = self.launched.server if self.launched is not None else None
             url = dist.broadcast_object(server.url if server else None)
             servers = [server or process.given(url, f"vLLM server {url}")]
         started = time.perf_counter()
-        for server in servers:
-            process.wait_ready(server, self.server_cfg.startup_timeout_s)
+        agreed(self._ready, servers)
         log.info("vLLM servers ready in %.0f s: %s", time.perf_counter() - started, ", ".join(s.url for s in servers))
         return servers
+
+    def _started(self) -> None:
+        """Rank 0's server started (a GeneratorDown with its line if not)."""
+        if self.launched is not None and self.launched.failure is not None:
+            raise self._down(self.launched.failure)
+
+    def _ready(self, servers: list[process.Server]) -> None:
+        try:
+            for server in servers:
+                process.wait_ready(server, self.server_cfg.startup_timeout_s)
+        except process.ServerError as error:
+            raise self._down(str(error).splitlines()[0]) from None
 
     def _transfer_setup(self, backend: str) -> TransferSetup:
         s = self.server_cfg
@@ -111,17 +165,12 @@ class VLLMServerEngine:
         return TransferSetup(backend, address, s.transfer_port, int(s.bucket_mib * 2**20), s.push_timeout_s)
 
     def _guarded(self, doing: str, action):
-        """`action()`; a server that fails it is a GeneratorDown naming the server and what it was doing, the same
-        on every rank (only rank 0 may see a failed push)."""
-        failure = None
+        """`action()`; a server that fails it is a GeneratorDown naming the server and what it was doing (only
+        rank 0 talks to the servers: callers agree on the outcome)."""
         try:
-            result = action()
+            return action()
         except (ServerCallError, process.ServerError, RuntimeError) as error:
-            failure, result = f"{doing}: {str(error).splitlines()[0]}", None
-        failure = dist.broadcast_object(failure)
-        if failure is not None:
-            raise self._down(failure)
-        return result
+            raise self._down(f"{doing}: {str(error).splitlines()[0]}") from None
 
     def _down(self, message: str) -> GeneratorDown:
         self.failed = True
@@ -142,7 +191,7 @@ class VLLMServerEngine:
         if published.version == self.version:
             return
         self.resumed.clear()
-        try:
+        try:  # every rank reads the weights; only rank 0 can fail (its caller agrees: tokenpo.trainer.core.source)
             stats = self._guarded(f"pushing policy version {published.version} to {', '.join(self.urls)}",
                                   lambda: self.push.push(published, self.server_cfg.in_flight))
         finally:
@@ -155,6 +204,7 @@ class VLLMServerEngine:
     def submit(self, request: GenerateRequest) -> None:
         if request.key in self.done:  # restored from a checkpoint with its result
             return
+        self._initial_pushed()
         if request.version != self.version:
             raise RuntimeError(f"rollout engine: request {request.key} needs policy version {request.version}, the "
                                f"servers hold {self.version}")
@@ -175,6 +225,7 @@ class VLLMServerEngine:
                 time.perf_counter() - started)
 
     def sample(self, prompt_ids, params: SamplingParams, rng: torch.Generator) -> Responses:
+        self._initial_pushed()
         return responses_of(self._wait(self._requests(prompt_ids, params, rng)))
 
     def sleep(self) -> None:
@@ -182,6 +233,12 @@ class VLLMServerEngine:
 
     def wake_up(self) -> None:
         pass
+
+    def _initial_pushed(self) -> None:
+        """The version the engine was built with on the servers, if no `load` came first (every rank makes the same
+        requests: the push's reads are collectives)."""
+        if self.version < 0:
+            agreed(self.load, self.initial)
 
     def state_dict(self) -> dict:
         """Every submitted request's result, waited for: a resumed run takes them back. With a server down, the
@@ -205,8 +262,8 @@ class VLLMServerEngine:
         if self.push is not None:
             self.push.close()
         process.stop(*self.servers)
-        if self.folder is not None:
-            self.folder.cleanup()
+        if self.launched is not None:
+            self.launched.close()
         for server in self.servers:
             if server.log_path is not None and not self.failed:
                 shutil.rmtree(server.log_path.parent, ignore_errors=True)

@@ -16,7 +16,7 @@ from tokenpo.deepspeed import dist
 from tokenpo.rewards import RewardScorer, question
 from tokenpo.rollout.config import RolloutConfig
 from tokenpo.rollout.engine import SamplingParams
-from tokenpo.rollout.generator import GenerateRequest, Generated, Generator, GeneratorDown, version_for
+from tokenpo.rollout.generator import GenerateRequest, Generated, Generator, GeneratorDown, agreed, version_for
 from tokenpo.trainer.core.rollouts import StepRollouts
 from tokenpo.trainer.core.timings import Timings
 
@@ -102,7 +102,7 @@ class RolloutSource:
         """Before the first step to run: the policy as version `steps_done` to the generator, and the first rounds of
         the steps sampled ahead (those a checkpoint brought back excepted). A run resumed past the schedule's end
         (max_steps raised) samples those first rounds by this version: the older ones it would name are gone."""
-        self.generator.load(policy.publish(steps_done))
+        agreed(self.generator.load, policy.publish(steps_done))
         k = self.schedule.max_staleness
         for step in self.schedule.ahead_at_start(steps_done):
             version = max(version_for(step, k), steps_done)
@@ -117,7 +117,7 @@ class RolloutSource:
         key = (step, round_index)
         self.submit(step, round_index, count, step - 1)
         with timings("generate"):
-            generated, waited = self.generator.result(key)
+            generated, waited = agreed(self.generator.result, key)
         examples = self.examples.pop(key)
         local = self.local_groups(examples)
         rollouts = self.scored(examples, local, generated if local else None, timings)
@@ -139,7 +139,7 @@ class RolloutSource:
         """Step `step`'s update is applied: version `step` to the generator (it wakes a sleeping one), and the first
         round of the step it samples ahead submitted."""
         try:
-            self.generator.load(policy.publish(step))
+            agreed(self.generator.load, policy.publish(step))
         except GeneratorDown as error:
             self.down = error
             return

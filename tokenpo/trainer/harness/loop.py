@@ -27,7 +27,8 @@ from tokenpo.logger.samples import rollout_rows
 from tokenpo.plan.memory import with_vllm_share
 from tokenpo.rewards import RewardScorer
 from tokenpo.rollout import Generator, build_generator
-from tokenpo.rollout.generator import GeneratorDown
+from tokenpo.rollout.engine import started_early
+from tokenpo.rollout.generator import GeneratorDown, agreed
 from tokenpo.trainer.harness.environment import record_environment
 from tokenpo.trainer.harness.evals import AFTER, BEFORE, Evaluator, evaluate_benchmarks, load_benchmarks
 from tokenpo.trainer.harness.health import HealthMonitor
@@ -55,34 +56,38 @@ def train(cfg: TrainConfig, identity: RunIdentity) -> dict:
     world = dist.world_size()
     cfg.validate_batch(world)
     torch.manual_seed(cfg.seed)
-    tokenizer, policy = Policy.build(cfg, world, dist.device())
-    train_examples, train_eval = load_splits(cfg.data, cfg.seed, tokenizer)
-    benchmarks = load_benchmarks(cfg.eval, cfg.data, cfg.seed, tokenizer, train_eval, train_examples)
-    sampler = PromptSampler(train_examples, cfg.data.prompts_per_step, cfg.seed)
-    run = StepSettings.from_config(cfg, tokenizer.pad_token_id)
-    with StopRequest() as stop, RewardScorer(run.reward) as scorer, \
-            contextlib.closing(build_generator(with_vllm_share(cfg, world), tokenizer, policy.publish(0),
-                                               policy.device, world)) as generator:
-        source = rollout_source(cfg, generator, scorer, sampler, tokenizer)
-        evaluator = Evaluator(TextSampler(generator.sample, tokenizer), scorer, cfg.reward, cfg.rollout, cfg.seed)
-        state, _ = resume_run(policy, sampler, trainer.resume, run_dir,
-                              with_checksums=trainer.verify_checkpoints == "full")
-        logger = RunLogger(cfg.logger, identity, enabled=dist.is_main(), resume_id=state.wandb_id)
-        health = HealthMonitor(trainer.health, state.health, alert=logger.alert)
-        announce(cfg, identity, state, policy, logger, tokenizer)
-        evaluate = functools.partial(evaluate_benchmarks, evaluator, benchmarks, logger=logger, run_dir=run_dir,
-                                     samples_rows=cfg.logger.samples_rows, print_samples=trainer.print_samples)
-        loop = Loop(cfg, run_dir, run, policy, source, logger, health, state, evaluate if benchmarks else None)
-        if state.step < trainer.max_steps and worst_case_enabled(trainer.worst_case_first, policy.device):
-            source.before_update()  # the pass checks the update's shapes with the memory the update will have
-            run_worst_case(cfg, run, policy, [source.prompts.encode(example) for example in train_examples])
-        if state.in_flight is not None:  # the rounds in flight at the checkpoint, this rank's
-            source.load_state_dict(state.in_flight[dist.rank()])
-        source.start(policy, state.step)
-        interrupted = loop.train_steps(stop)
-        if state.step == trainer.max_steps:
-            policy.export(tokenizer, run_dir / "final")
-        logger.finish()
+    # a server engine's servers boot while the model loads
+    with started_early(cfg.rollout, cfg.model) as early:
+        tokenizer, policy = Policy.build(cfg, world, dist.device())
+        train_examples, train_eval = load_splits(cfg.data, cfg.seed, tokenizer)
+        benchmarks = load_benchmarks(cfg.eval, cfg.data, cfg.seed, tokenizer, train_eval, train_examples)
+        sampler = PromptSampler(train_examples, cfg.data.prompts_per_step, cfg.seed)
+        run = StepSettings.from_config(cfg, tokenizer.pad_token_id)
+        with StopRequest() as stop, RewardScorer(run.reward) as scorer, \
+                contextlib.closing(build_generator(with_vllm_share(cfg, world), tokenizer, policy.publish(0),
+                                                   policy.device, world, early)) as generator:
+            source = rollout_source(cfg, generator, scorer, sampler, tokenizer)
+            # every rank makes the same sample calls: a generator down on one is down on all (agreed)
+            evaluator = Evaluator(TextSampler(functools.partial(agreed, generator.sample), tokenizer), scorer,
+                                  cfg.reward, cfg.rollout, cfg.seed)
+            state, _ = resume_run(policy, sampler, trainer.resume, run_dir,
+                                  with_checksums=trainer.verify_checkpoints == "full")
+            logger = RunLogger(cfg.logger, identity, enabled=dist.is_main(), resume_id=state.wandb_id)
+            health = HealthMonitor(trainer.health, state.health, alert=logger.alert)
+            announce(cfg, identity, state, policy, logger, tokenizer)
+            evaluate = functools.partial(evaluate_benchmarks, evaluator, benchmarks, logger=logger, run_dir=run_dir,
+                                         samples_rows=cfg.logger.samples_rows, print_samples=trainer.print_samples)
+            loop = Loop(cfg, run_dir, run, policy, source, logger, health, state, evaluate if benchmarks else None)
+            if state.step < trainer.max_steps and worst_case_enabled(trainer.worst_case_first, policy.device):
+                source.before_update()  # the pass checks the update's shapes with the memory the update will have
+                run_worst_case(cfg, run, policy, [source.prompts.encode(example) for example in train_examples])
+            if state.in_flight is not None:  # the rounds in flight at the checkpoint, this rank's
+                source.load_state_dict(state.in_flight[dist.rank()])
+            source.start(policy, state.step)
+            interrupted = loop.train_steps(stop)
+            if state.step == trainer.max_steps:
+                policy.export(tokenizer, run_dir / "final")
+            logger.finish()
     summary = write_summary(state, identity, interrupted, stop.signum if interrupted else None, logger.outcome())
     if health.stopping is not None:
         raise health.stop_error(run_dir)
@@ -141,7 +146,8 @@ class Loop:
             with out_of_memory_reported(self.cfg, f"step {step}", shapes), self.saved_when_generator_down():
                 result = train_step(step, step_lr(step, trainer), self.run, self.policy, self.source,
                                     state.entropy_coef, self.health)
-            metrics = self.after_step(step, result)
+            with self.saved_when_generator_down():  # its evaluation: the checkpoint holds the step
+                metrics = self.after_step(step, result)
             metrics["time/elapsed_s"] = state.elapsed_s = time.perf_counter() - started
             self.logger.log(step, metrics)
             if self.source.down is not None:  # the step's update is applied and logged; its weights did not leave
@@ -159,7 +165,8 @@ class Loop:
     @contextlib.contextmanager
     def saved_when_generator_down(self):
         """A generator that died before the step's update (its process or servers): the run as of the step before
-        is saved, the rounds the generator lost left to sample again, and the error goes on (one line)."""
+        is saved, the rounds the generator lost left to sample again, and the error goes on (one line). In the
+        evaluation after the update: the run as of the step is saved (its metrics row is not written)."""
         try:
             yield
         except GeneratorDown as error:
