@@ -173,8 +173,12 @@ class VLLMServerEngine:
             raise self._down(f"{doing}: {str(error).splitlines()[0]}") from None
 
     def _down(self, message: str) -> GeneratorDown:
+        """The run's failure line, naming the log of each server tokenpo started (vLLM's cause is there: a request
+        that failed says only that the server's engine died)."""
         self.failed = True
-        return GeneratorDown(message)
+        logs = [str(server.log_path) for server in self.servers
+                if server.log_path is not None and str(server.log_path) not in message]
+        return GeneratorDown(message + (f"; its log: {', '.join(logs)}" if logs else ""))
 
     def check(self) -> None:
         for server in self.servers:
