@@ -193,3 +193,20 @@ def test_a_generator_ahead_of_the_update_is_planned_in_host_memory():
     assert part.bytes == 0 and part.host_bytes > 2 * weights  # its model, the shared copy, its KV cache
     in_turn = build_plan(compose_train_config(["model=tiny"]), 1, prompt_tokens=40, device="cpu")
     assert plan.total_bytes == in_turn.total_bytes and plan.host_bytes == in_turn.host_bytes + part.host_bytes
+
+
+def test_vllm_ahead_is_planned_awake_with_only_the_shared_copy_in_the_generator_process():
+    from tokenpo.plan.cli import compose_train_config
+    from tokenpo.plan.memory import build_plan
+    from tokenpo.plan.parts import ALWAYS, GENERATION, VLLM_PART
+
+    def plan_of(*overrides):
+        return build_plan(compose_train_config(["model=tiny", "rollout=vllm", *overrides]), 1, 80 * 2**30,
+                          prompt_tokens=40, device="cuda")
+
+    ahead, in_turn = plan_of("rollout.async.max_staleness=1"), plan_of()
+    part = next(p for p in ahead.parts if p.name == "generator process (rollout.async)")
+    assert part.bytes == 0 and part.host_bytes == ahead.params * 4  # the shared copy: vLLM's weights are its part
+    # in turn vLLM sleeps through the update; ahead it generates then
+    assert next(p for p in in_turn.parts if p.name == VLLM_PART).phase == GENERATION
+    assert next(p for p in ahead.parts if p.name == VLLM_PART).phase == ALWAYS

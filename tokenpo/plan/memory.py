@@ -216,9 +216,11 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
     policy_module = bool(ENGINES.trait(rollout.engine, "policy_module"))
     if policy_module:
         parts.append(P.hf_rollout(arch, shapes.rollout_rows, shapes.prompt_tokens, shapes.new_tokens, elem))
-    if rollout.async_.max_staleness and ENGINES.trait(rollout.engine, "ahead") == "process":
+    ahead = bool(rollout.async_.max_staleness) and ENGINES.trait(rollout.engine, "ahead") == "process"
+    if ahead:
+        # an engine with weights of its own (vllm) is the engine's part below: the process adds the shared copy only
         parts.append(P.ahead_generator(arch, params, shapes.rollout_rows, shapes.prompt_tokens, shapes.new_tokens,
-                                       model_elem, rollout.async_.generator_device != "cpu"))
+                                       model_elem, rollout.async_.generator_device != "cpu", policy_module))
     activations = P.activations(arch, shapes.micro_rows, shapes.micro_groups, shapes.prompt_tokens,
                                 shapes.new_tokens, elem, cfg.model.gradient_checkpointing, packing(cfg))
     head = P.head_chunks(arch, shapes.micro_rows * shapes.new_tokens, cfg.trainer.logit_chunk_tokens,
@@ -234,7 +236,9 @@ def plan_for(cfg: TrainConfig, arch: Architecture, source: str, world: int, devi
     share = None
     if ENGINES.trait(rollout.engine, "colocated"):
         # after the other parts: unsized, vLLM gets what they leave
-        part = vllm_part(rollout.vllm, arch, shapes, params, model_elem, parts, device_memory, device)
+        # generating ahead, vLLM never sleeps: it samples while the trainer updates
+        v = dataclasses.replace(rollout.vllm, sleep_mode=False) if ahead else rollout.vllm
+        part = vllm_part(v, arch, shapes, params, model_elem, parts, device_memory, device)
         parts.insert(rollout_at, part)
         share = vllm_share(part, rollout.vllm, arch, shapes, params, model_elem)
     servers = None

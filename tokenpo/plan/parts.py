@@ -121,12 +121,16 @@ def hf_rollout(arch: Architecture, rows: int, prompt_tokens: int, new_tokens: in
 
 
 def ahead_generator(arch: Architecture, params: int, rows: int, prompt_tokens: int, new_tokens: int, elem: int,
-                    on_device: bool) -> Part:
-    """rollout.async's generator process: its own copy of the weights, its KV cache and sampling buffers (`hf_rollout`
-    of the rounds it samples), and the shared-memory copy the trainer pushes each version into (host memory). On the
+                    on_device: bool, own_model: bool = True) -> Part:
+    """rollout.async's generator process: the shared-memory copy the trainer pushes each version into (host memory),
+    and with `own_model` (the hf engine) its own copy of the weights, its KV cache and sampling buffers (`hf_rollout`
+    of the rounds it samples); an engine with weights of its own (vllm) is planned as that engine's part. On the
     trainer's device: none (the generator has a device of its own, or the CPU); the host bytes are listed."""
-    own = params * elem + kv_cache_bytes(arch, rows, prompt_tokens + new_tokens, elem) + sampling_bytes(arch, rows)
     shared = params * elem
+    if not own_model:
+        return Part("generator process (rollout.async)", 0, ALWAYS,
+                    "the shared weights in host memory (its engine: the rollout part)", host_bytes=shared)
+    own = params * elem + kv_cache_bytes(arch, rows, prompt_tokens + new_tokens, elem) + sampling_bytes(arch, rows)
     where = "its own device" if on_device else "host memory"
     return Part("generator process (rollout.async)", 0, ALWAYS,
                 f"weights + KV cache on {where}, + the shared weights in host memory",

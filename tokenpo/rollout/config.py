@@ -139,8 +139,8 @@ class AsyncConfig:
 
     max_staleness: int = setting(0,
         "Policy versions generation runs ahead of the update (k; 0 = generate, then train, in turn): step r's batch is "
-        "sampled by the policy after max(0, r - 1 - k) updates, in a generator process with its own weights (hf "
-        "engine; verl's one-step-off-policy is k = 1)", ge=0)
+        "sampled by the policy after max(0, r - 1 - k) updates, in a generator process with its own weights (hf, "
+        "vllm: the engine runs there; vllm_server: on its servers; verl's one-step-off-policy is k = 1)", ge=0)
     decoupled: bool = setting(True,
         "Ratios are taken and clipped against the trainer's policy at the start of the update, the proximal policy "
         "(AReaL's decoupled PPO), and the sampler's log-probs only weigh the loss (algorithm.loss.tis_cap); false: "
@@ -149,8 +149,9 @@ class AsyncConfig:
         "Intra-op CPU threads of the generator process (0 = torch's default; on CPU give generation and training "
         "each the cores they would use in turn)", ge=0)
     generator_device: str = setting("cpu",
-        "Device of the generator process's model: cpu | cuda:<index> (one training process: a device it does not "
-        "use, or its own to share it; several: cpu only; not run on a GPU yet)", check=lambda value: value == "cpu" or str(value).startswith("cuda:"),
+        "Device of the generator process's model (hf engine; vLLM's engine runs on the device vLLM picks): cpu | "
+        "cuda:<index> (one training process: a device it does not use, or its own to share it; several: cpu only; "
+        "not run on a GPU yet)", check=lambda value: value == "cpu" or str(value).startswith("cuda:"),
         requirement="cpu or cuda:<index>")
 
     def validate(self, engine: str) -> None:
@@ -159,7 +160,7 @@ class AsyncConfig:
         check_fields(self, "rollout.async")
         require(self.max_staleness == 0 or ENGINES.trait(engine, "ahead") is not None,
                 f"rollout.async.max_staleness={self.max_staleness}: rollout.engine={engine} cannot generate ahead "
-                f"(docs/rollout.md): use rollout=vllm_server (vLLM servers) or rollout=hf, or max_staleness=0")
+                f"(docs/rollout.md): use rollout=hf, rollout=vllm or rollout=vllm_server, or max_staleness=0")
 
 
 @dataclass

@@ -3,8 +3,9 @@
 calls; the order of the calls is docs/rollout.md's "Phase order").
 
 The `hf` engine generates with the live policy module that `Policy.publish` lends it, the `vllm` engine with its own
-copy of the weights that each `load` brings up to date; with rollout.async.max_staleness >= 1 the `hf` engine runs in
-a process of its own ahead of the update (tokenpo.rollout.ahead) and the in-process engine samples the evaluations.
+copy of the weights that each `load` brings up to date; with rollout.async.max_staleness >= 1 either runs in a
+process of its own ahead of the update (tokenpo.rollout.ahead), and the evaluations are sampled by the `hf` engine in
+the trainer's process (the live policy) or by the `vllm` engine in that process (no second vLLM beside the trainer).
 The `vllm_server` engine generates on vLLM servers of their own (tokenpo.rollout.server), in turn or ahead.
 Another engine (SGLang, another server) plugs in by registering a class with the engines' constructor
 `(cfg: RolloutConfig, tokenizer, published: Published, device)` that implements `Generator`; one that starts
@@ -72,8 +73,8 @@ ENGINES = Registry("rollout.engine")
 # the trainer on the trainer's device (its share of the device); servers, on servers of its own (sized apart).
 # vllm_model: vLLM runs it with rollout.vllm's model settings, max_model_len among them
 ENGINES.declare("hf", "tokenpo.rollout.hf", ahead="process", policy_module=True)
-ENGINES.declare("vllm", "tokenpo.rollout.vllm_engine", requires="vllm", logprobs=True, colocated=True,
-                vllm_model=True)
+ENGINES.declare("vllm", "tokenpo.rollout.vllm_engine", requires="vllm", logprobs=True, ahead="process",
+                colocated=True, vllm_model=True)
 ENGINES.declare("vllm_server", "tokenpo.rollout.server.engine", logprobs=True, ahead="itself", servers=True,
                 vllm_model=True)
 
@@ -105,11 +106,13 @@ def build_generator(cfg: RolloutConfig, tokenizer, published: Published, device:
                     world_size: int = 1, early: object | None = None) -> Generator:
     """The run's generator, holding `published` (the policy before training, or the model evaluated): the engine
     rollout.engine names (given what `started_early` started, if anything), and with rollout.async.max_staleness
-    >= 1, for an engine that runs in this process, a generation-ahead process in front of it (the engine then
-    samples the evaluations only)."""
-    engine = get_engine(cfg.engine)(cfg, tokenizer, published, device, *([early] if early is not None else []))
+    >= 1, for an engine that runs in a generator process, that process (tokenpo.rollout.ahead), with the engine in
+    this process for the evaluations where it generates with the live policy module (else the process samples them:
+    no second copy of its weights here)."""
+    engine = get_engine(cfg.engine)
     if not cfg.async_.max_staleness or ENGINES.trait(cfg.engine, "ahead") != "process":
-        return engine
+        return engine(cfg, tokenizer, published, device, *([early] if early is not None else []))
     from tokenpo.rollout.ahead import AheadGenerator, WorkerSettings
 
-    return AheadGenerator(WorkerSettings.from_config(cfg, tokenizer.pad_token_id, world_size), engine, published)
+    local = engine(cfg, tokenizer, published, device) if ENGINES.trait(cfg.engine, "policy_module") else None
+    return AheadGenerator(WorkerSettings.from_config(cfg, tokenizer, world_size), local, published)

@@ -1,6 +1,6 @@
 """The vllm_server engine's parts that need no server: the request it sends, how an answer becomes samples (each
 token's version from vLLM's spans), the responses prompt-major, the weight buckets, the transfer's init info, the
-server's command line and environment, and the generation-ahead trait."""
+server's command line and environment, and the generation-ahead trait (which engines may generate ahead)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import torch
 
 from support.config import train_config
 from tokenpo.errors import ConfigError
+from tokenpo.registry import Registry
+from tokenpo.rollout.config import AsyncConfig
 from tokenpo.rollout.engine import ENGINES, SamplingParams
 from tokenpo.rollout.server.launch import server_command, server_env, transfer_backend
 from tokenpo.rollout.server.push import TransferSetup, buckets, init_info
@@ -99,8 +101,15 @@ def test_bad_server_settings_are_one_line_errors(overrides, message):
     assert "\n" not in str(caught.value)
 
 
-def test_generation_ahead_is_refused_only_for_an_engine_that_cannot():
-    assert ENGINES.trait("vllm_server", "ahead") == "itself" and ENGINES.trait("hf", "ahead") == "process"
+def test_generation_ahead_is_refused_only_for_an_engine_that_cannot(monkeypatch):
+    assert ENGINES.trait("vllm_server", "ahead") == "itself"
+    assert ENGINES.trait("hf", "ahead") == ENGINES.trait("vllm", "ahead") == "process"
     train_config("rollout=vllm_server", "rollout.async.max_staleness=2")
-    with pytest.raises(ConfigError, match="rollout=vllm_server"):
-        train_config("rollout=vllm", "rollout.async.max_staleness=1")
+    train_config("rollout=vllm", "rollout.async.max_staleness=1")  # in the generator process
+    # an engine registered without the trait generates in turn only
+    engines = Registry("rollout.engine")
+    engines.add("in_turn", object)
+    monkeypatch.setattr("tokenpo.rollout.engine.ENGINES", engines)
+    AsyncConfig(max_staleness=0).validate("in_turn")
+    with pytest.raises(ConfigError, match=r"^rollout.async.max_staleness=1: rollout.engine=in_turn cannot generate "):
+        AsyncConfig(max_staleness=1).validate("in_turn")
