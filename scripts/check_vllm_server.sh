@@ -62,7 +62,8 @@ for model in $MODELS; do
       train "${model}_url_k$k" "$model" "rollout.async.max_staleness=$k" "rollout.server.urls=[http://127.0.0.1:$port]" \
           rollout.server.transfer_address=127.0.0.1
     done
-    kill "$pid"; wait "$pid" || true
+    kill "$pid"  # the server started in a subshell: not this shell's child to wait for
+    while kill -0 "$pid" 2> /dev/null; do sleep 1; done
   fi
 done
 
