@@ -5,6 +5,7 @@ config and tokenizer alone, and stopped when the run fails before the engine tak
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from support.config import SMALL
 from support.runs import in_process_training, train_run
 from tokenpo.deepspeed.dist import free_port
+from tokenpo.rollout.generator import GeneratorDown
 from tokenpo.rollout.server import engine as server_engine
 from tokenpo.rollout.server import process
 from tokenpo.trainer.core.policy import Policy
@@ -70,3 +72,15 @@ def test_a_run_that_fails_while_the_model_loads_stops_the_server_it_started(tmp_
         train_run(tmp_path / "run", overrides(port))
     started = [server for server in process.STARTED.get(os.getpid(), []) if server.spec.port == port]
     assert len(started) == 1 and started[0].stopped and started[0].process.poll() is not None
+
+
+def test_a_taken_port_stops_the_run_before_the_model_loads(tmp_path, monkeypatch, standin_started):
+    built = []
+    monkeypatch.setattr(Policy, "build", classmethod(lambda cls, *args: built.append(args)))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with in_process_training(), pytest.raises(GeneratorDown, match=f"port {port}.*taken|taken.*{port}"):
+            train_run(tmp_path / "run", overrides(port))
+    assert built == []

@@ -80,6 +80,12 @@ def launch(cfg: RolloutConfig, config, architecture: str | None, tokenizer, dtyp
         raise
 
 
+def failed_start(launched: Launched | None) -> None:
+    """A server that did not start is a GeneratorDown with its line (only rank 0 starts one: callers agree)."""
+    if launched is not None and launched.failure is not None:
+        raise GeneratorDown(launched.failure)
+
+
 @ENGINES.register("vllm_server")
 class VLLMServerEngine:
     def __init__(self, cfg: RolloutConfig, tokenizer, published: Published, device: torch.device,
@@ -115,10 +121,19 @@ class VLLMServerEngine:
     def start_early(cls, cfg: RolloutConfig, model: ModelConfig) -> Launched | None:
         """The server tokenpo starts, started on rank 0 from the model's config and tokenizer before the policy's
         model loads (vLLM boots while the trainer loads: minutes at 7B and more); None for servers given by URL."""
-        if cfg.server.urls or not dist.is_main():
+        if cfg.server.urls:
             return None
-        config, tokenizer = model_description(model)
-        return launch(cfg, config, None, tokenizer, model.dtype)
+        launched = None
+        if dist.is_main():
+            config, tokenizer = model_description(model)
+            launched = launch(cfg, config, None, tokenizer, model.dtype)
+        try:  # a start that failed at once (a port taken) stops the run before the model loads
+            agreed(failed_start, launched)
+        except GeneratorDown:
+            if launched is not None:
+                launched.close()
+            raise
+        return launched
 
     def _start(self, published: Published) -> None:
         """The servers ready and the transfer open (the same outcome on every rank: `agreed`); `published` is pushed
@@ -138,7 +153,7 @@ class VLLMServerEngine:
         if self.server_cfg.urls:
             servers = [process.given(url, f"vLLM server {url}") for url in self.server_cfg.urls]
         else:
-            agreed(self._started)
+            agreed(failed_start, self.launched)
             server = self.launched.server if self.launched is not None else None
             url = dist.broadcast_object(server.url if server else None)
             servers = [server or process.given(url, f"vLLM server {url}")]
@@ -146,11 +161,6 @@ class VLLMServerEngine:
         agreed(self._ready, servers)
         log.info("vLLM servers ready in %.0f s: %s", time.perf_counter() - started, ", ".join(s.url for s in servers))
         return servers
-
-    def _started(self) -> None:
-        """Rank 0's server started (a GeneratorDown with its line if not)."""
-        if self.launched is not None and self.launched.failure is not None:
-            raise self._down(self.launched.failure)
 
     def _ready(self, servers: list[process.Server]) -> None:
         try:
