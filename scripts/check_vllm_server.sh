@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# rollout=vllm_server end to end on this machine, every case issue 41's "done" names: the tiny model and the embedded
+# rollout=vllm_server end to end on this machine, case by case: the tiny model and the embedded
 # default (SmolLM2-135M-Instruct), k = 0 and k = 1, on a server tokenpo starts and on one started by hand and named by
 # URL (vLLM's own server module, as docs/rollout.md has a user start it): STEPS steps each with the held-out
 # evaluation before and after, in the environment of scripts/setup_vllm.sh. Then one line per run: exit status,
