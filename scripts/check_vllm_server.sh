@@ -5,7 +5,9 @@
 # evaluation before and after, in the environment of scripts/setup_vllm.sh. Then one line per run: exit status,
 # steps logged, pushes, the largest sampler-trainer gap over the steps (mismatch/abs_logp_diff: at k = 0 the
 # server's log-probs against the trainer's for the same weights; the colocated engine's tests hold it below 1e-2),
-# the staleness of the last step, held-out accuracy before and after. docs/records/vllm_server_check.md keeps a run.
+# the staleness of the last step, held-out accuracy before and after. First the slow real-server tests (a server
+# killed mid-run, then the same command on a new one; a SIGKILLed trainer). docs/records/vllm_server_check.md keeps
+# a run.
 #   STEPS (3), OUT (outputs/check_vllm_server), MODELS ("tiny default")
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +20,8 @@ COMMON=(logger.mode=disabled trainer.print_samples=0 data.prompts_per_step=4 rol
         rollout.max_new_tokens=24 eval.max_problems=8 "trainer.max_steps=$STEPS" rollout.server.cpu_cores=1
         trainer.threads=1)
 mkdir -p "$OUT"
+# the real-server kill and resume runs (tests/rollout/server/test_vllm_server_runs.py, behind `slow`)
+"$PY" -m pytest -q -p no:cacheprovider -m "vllm and slow" tests/rollout/server/test_vllm_server_runs.py
 
 model_args() {  # MODEL -> its overrides
   # the tiny model with one 64-wide head: vLLM's CPU attention has no kernel for its 16-wide ones

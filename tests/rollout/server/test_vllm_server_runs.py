@@ -2,7 +2,8 @@
 by hand and named by URL, the server killed mid-run (one line, a checkpoint, the same command resumes on a new
 server), and the trainer SIGKILLed with a server it started (no process of the server's is left).
 
-Runs in the environment of scripts/setup_vllm.sh (`pytest -m vllm`), about 4 minutes on the 2-core machine.
+Runs in the environment of scripts/setup_vllm.sh, behind `slow` (about 4 minutes on the 2-core machine): `pytest -m
+"vllm and slow"`, which scripts/check_vllm_server.sh runs first.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from support.runs import wait_for_step  # noqa: E402
 from tokenpo.deepspeed.dist import free_port  # noqa: E402
 from tokenpo.rollout.server import process  # noqa: E402
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[3]
 SMALL = ["logger.mode=disabled", "data.prompts_per_step=4", "rollout.group_size=2", "rollout.max_new_tokens=8",
