@@ -7,7 +7,7 @@ import copy
 import tempfile
 
 
-def model_folder(config, architecture: str, tokenizer) -> tempfile.TemporaryDirectory:
+def model_folder(config, architecture: str | None, tokenizer) -> tempfile.TemporaryDirectory:
     """A folder with the base model's Hugging Face `config` and `tokenizer` (no weights): what vLLM builds its model
     from (a LoRA policy publishes merged weights); `architecture`, the class vLLM builds where the config names none
     (a config made in memory)."""

@@ -58,7 +58,8 @@ class Launched:
     failure: str | None  # why it did not start (one line; its log kept), or None
 
     def close(self) -> None:
-        process.stop(*[server for server in [self.server] if server is not None])
+        if self.server is not None:
+            process.stop(self.server)
         self.folder.cleanup()
 
 
